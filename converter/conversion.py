@@ -1,0 +1,88 @@
+"""HF to MaxText conversion as a library call: plan, check, save. The binary in main.py is a thin shell."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from absl import logging
+
+from converter import families, writer
+from converter.maxtext_overrides import maxtext_overrides
+from converter.model_config import load_model_config
+from converter.plan import Plan, build_plan
+from converter.safetensors_reader import open_checkpoint
+
+
+@dataclasses.dataclass(frozen=True)
+class ConversionResult:
+  plan: Plan
+  items_path: str
+  overrides: dict[str, Any]
+
+
+def plan_conversion(
+    hf_model_path: str,
+    *,
+    scan_layers: bool,
+    save_dtype: str,
+    target_model: str | None = None,
+    target_vocab_size: int | None = None,
+    allow_unused_tensors: bool = False,
+) -> Plan:
+  config = load_model_config(hf_model_path)
+  family = families.family_for_architecture(config.architecture, config.path)
+  checkpoint = open_checkpoint(hf_model_path)
+  plan = build_plan(
+      checkpoint,
+      config,
+      family,
+      target_model=target_model or family.default_target,
+      scan_layers=scan_layers,
+      save_dtype=save_dtype,
+      target_vocab_size=target_vocab_size,
+      allow_unused_tensors=allow_unused_tensors,
+  )
+  for name in plan.unused_tensors:
+    logging.warning("ignoring tensor %r, which %s does not use", name, family.name)
+  return plan
+
+
+def convert_to_maxtext(
+    hf_model_path: str,
+    output_dir: str,
+    *,
+    scan_layers: bool,
+    lazy: bool,
+    devices: int,
+    save_dtype: str,
+    overwrite: bool = False,
+    target_model: str | None = None,
+    target_vocab_size: int | None = None,
+    allow_unused_tensors: bool = False,
+    max_inflight_bytes: int = 1 << 30,
+) -> ConversionResult:
+  plan = plan_conversion(
+      hf_model_path,
+      scan_layers=scan_layers,
+      save_dtype=save_dtype,
+      target_model=target_model,
+      target_vocab_size=target_vocab_size,
+      allow_unused_tensors=allow_unused_tensors,
+  )
+  writer.prepare_output_dir(output_dir, overwrite)
+  overrides = maxtext_overrides(plan)
+  metadata = {
+      "scan_layers": scan_layers,
+      "hf2maxtext": {
+          "family": plan.family.name,
+          "target_model": plan.target_model,
+          "hf_architecture": plan.config.architecture,
+          "save_dtype": plan.save_dtype.name,
+          "maxtext_overrides": overrides,
+      },
+  }
+  items_path = writer.save(
+      plan, output_dir, lazy=lazy, devices=devices, max_inflight_bytes=max_inflight_bytes, custom_metadata=metadata
+  )
+  return ConversionResult(plan, items_path, overrides)

@@ -1,0 +1,99 @@
+"""The dimensions of a HuggingFace decoder, read from its `config.json` and nothing else."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Mapping
+
+from converter.errors import ConversionError
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """What the conversion needs to know about a checkpoint. `raw` keeps every other key for family files."""
+
+  path: str
+  architecture: str
+  model_type: str
+  hidden_size: int
+  num_layers: int
+  num_heads: int
+  num_kv_heads: int
+  head_dim: int
+  intermediate_size: int
+  vocab_size: int
+  rms_norm_eps: float
+  rope_theta: float
+  tie_word_embeddings: bool
+  raw: Mapping[str, Any]
+
+  def get(self, key: str, default: Any = None) -> Any:
+    return self.raw.get(key, default)
+
+  def require(self, key: str) -> Any:
+    if key not in self.raw or self.raw[key] is None:
+      raise ConversionError(f"{self.path}: missing required key {key!r} for {self.architecture}")
+    return self.raw[key]
+
+
+def _positive_int(raw: Mapping[str, Any], key: str, path: str, default: Any = None) -> int:
+  value = raw.get(key, default)
+  if value is None:
+    raise ConversionError(f"{path}: missing required key {key!r}")
+  if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+    raise ConversionError(f"{path}: {key!r} must be a positive integer, got {value!r}")
+  return value
+
+
+def _rope_theta(raw: Mapping[str, Any]) -> float:
+  if raw.get("rope_theta") is not None:
+    return float(raw["rope_theta"])
+  rope_parameters = raw.get("rope_parameters") or {}
+  return float(rope_parameters.get("rope_theta", 10000.0))
+
+
+def load_model_config(model_dir: str) -> ModelConfig:
+  """Parses `config.json` in `model_dir`; raises ConversionError naming the file and key on any problem."""
+  path = os.path.join(model_dir, "config.json")
+  try:
+    with open(path) as f:
+      raw = json.load(f)
+  except FileNotFoundError as e:
+    raise ConversionError(f"{path}: missing (a HuggingFace checkpoint directory needs its config.json)") from e
+  except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise ConversionError(f"{path}: malformed config.json ({type(e).__name__}: {e})") from e
+  if not isinstance(raw, dict):
+    raise ConversionError(f"{path}: malformed config.json (not a JSON object)")
+  architectures = raw.get("architectures")
+  if not isinstance(architectures, list) or not architectures or not isinstance(architectures[0], str):
+    raise ConversionError(f"{path}: missing 'architectures' (e.g. [\"Qwen3ForCausalLM\"])")
+  text = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw
+  merged = {**raw, **text}
+  hidden = _positive_int(merged, "hidden_size", path)
+  heads = _positive_int(merged, "num_attention_heads", path)
+  head_dim = merged.get("head_dim")
+  if head_dim is None:
+    if hidden % heads:
+      raise ConversionError(f"{path}: no 'head_dim' and hidden_size {hidden} is not divisible by {heads} heads")
+    head_dim = hidden // heads
+  kv_heads = _positive_int(merged, "num_key_value_heads", path, default=heads)
+  if heads % kv_heads:
+    raise ConversionError(f"{path}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
+  return ModelConfig(
+      path=path,
+      architecture=architectures[0],
+      model_type=str(merged.get("model_type", "")),
+      hidden_size=hidden,
+      num_layers=_positive_int(merged, "num_hidden_layers", path),
+      num_heads=heads,
+      num_kv_heads=kv_heads,
+      head_dim=_positive_int({"head_dim": head_dim}, "head_dim", path),
+      intermediate_size=_positive_int(merged, "intermediate_size", path, default=1),
+      vocab_size=_positive_int(merged, "vocab_size", path),
+      rms_norm_eps=float(merged.get("rms_norm_eps", 1e-6)),
+      rope_theta=_rope_theta(merged),
+      tie_word_embeddings=bool(merged.get("tie_word_embeddings", False)),
+      raw=merged,
+  )

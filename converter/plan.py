@@ -1,0 +1,219 @@
+"""Turns a family description and a checkpoint's headers into the full list of output leaves.
+
+Everything that can be checked without reading weights is checked here (every tensor present, every shape as
+`config.json` implies, nothing left over, dtypes convertible), so a bad input fails before the first byte is
+written. The plan's leaves carry picklable loaders; nothing is read until a loader is called.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any, Iterator
+
+import numpy as np
+
+from converter.errors import ConversionError
+from converter.families import Family, Layout, Param
+from converter.families.base import DecoderSemantics
+from converter.model_config import ModelConfig
+from converter.ops import Op, output_shape
+from converter.safetensors_reader import FLOATING_DTYPES, SafetensorsCheckpoint, TensorInfo, read_tensor
+
+Shape = tuple[int, ...]
+SCAN_AXIS = 1  # MaxText's param_scan_axis: the layer axis of a scanned leaf.
+
+
+@dataclasses.dataclass(frozen=True)
+class FromTensor:
+  """Loader: one HF tensor, cast to the save dtype, then the family's ops."""
+
+  tensor: TensorInfo
+  ops: tuple[Op, ...]
+  dtype: np.dtype
+
+  def __call__(self) -> np.ndarray:
+    x = read_tensor(self.tensor)
+    x = x.astype(self.dtype)  # Always a copy: the ops below must never see the read-only file map.
+    for op in self.ops:
+      x = op(x)
+    return x
+
+
+@dataclasses.dataclass(frozen=True)
+class Stack:
+  """Loader: parts stacked on a new `axis`, written slice by slice into one preallocated array."""
+
+  parts: tuple[Any, ...]
+  axis: int
+  shape: Shape
+  dtype: np.dtype
+
+  def __call__(self) -> np.ndarray:
+    out = np.empty(self.shape, dtype=self.dtype)
+    for k, part in enumerate(self.parts):
+      out[(slice(None),) * self.axis + (k,)] = part()
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Leaf:
+  path: tuple[str, ...]
+  shape: Shape
+  dtype: np.dtype
+  sources: tuple[str, ...]
+  loader: Any
+
+  @property
+  def name(self) -> str:
+    return "/".join(self.path)
+
+  @property
+  def nbytes(self) -> int:
+    return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  family: Family
+  config: ModelConfig
+  semantics: DecoderSemantics
+  target_model: str
+  target_vocab_size: int
+  scan_layers: bool
+  save_dtype: np.dtype
+  leaves: tuple[Leaf, ...]
+  unused_tensors: tuple[str, ...]
+
+  @property
+  def total_bytes(self) -> int:
+    return sum(leaf.nbytes for leaf in self.leaves)
+
+  def tree(self, leaf_value=lambda leaf: leaf) -> dict[str, Any]:
+    """The TrainState-shaped dict MaxText restores: {"step", "params": {"params": ...}, "opt_state"}."""
+    params: dict[str, Any] = {}
+    for leaf in self.leaves:
+      node = params
+      for key in leaf.path[:-1]:
+        node = node.setdefault(key, {})
+      node[leaf.path[-1]] = leaf_value(leaf)
+    return {"step": 0, "params": {"params": params}, "opt_state": {}}
+
+
+class _Sources:
+  """HF tensors by name, with the checks every lookup needs."""
+
+  def __init__(self, checkpoint: SafetensorsCheckpoint, config: ModelConfig, save_dtype: np.dtype):
+    self._checkpoint = checkpoint
+    self._config = config
+    self._dtype = save_dtype
+    self.used: set[str] = set()
+
+  def load(self, name: str, expected_shape: Shape, ops: tuple[Op, ...]) -> tuple[FromTensor, Shape]:
+    info = self._checkpoint.tensors.get(name)
+    if info is None:
+      raise ConversionError(
+          f"{self._checkpoint.directory}: tensor {name!r} is missing from the checkpoint"
+          f" ({len(self._checkpoint.tensors)} tensors in {len(self._checkpoint.files)} file(s));"
+          f" {self._config.architecture} with this config.json needs it"
+      )
+    if info.dtype_code not in FLOATING_DTYPES:
+      raise ConversionError(
+          f"{info.path}: tensor {name!r} has dtype {info.dtype_code}; only floating-point weights (F32, F16, BF16,"
+          " F64) can be converted (quantized checkpoints must be dequantized first)"
+      )
+    if info.shape != tuple(expected_shape):
+      raise ConversionError(
+          f"{info.path}: tensor {name!r} has shape {info.shape}, but {self._config.path} implies"
+          f" {tuple(expected_shape)}"
+      )
+    self.used.add(name)
+    try:
+      shape = output_shape(ops, info.shape)
+    except ValueError as e:
+      raise ConversionError(f"{info.path}: tensor {name!r}: {e}") from e
+    return FromTensor(info, ops, self._dtype), shape
+
+
+def _stack(parts: list[tuple[Any, Shape]], axis: int, dtype: np.dtype) -> tuple[Any, Shape]:
+  part_shape = parts[0][1]
+  shape = part_shape[:axis] + (len(parts),) + part_shape[axis:]
+  return Stack(tuple(p for p, _ in parts), axis, shape, dtype), shape
+
+
+def _param_loader(sources: _Sources, param: Param, layer: int | None, dtype: np.dtype) -> tuple[Any, Shape, list[str]]:
+  """One layer's (or the top level's) value of `param`: its loader, shape and HF source names."""
+  if not param.experts:
+    name = param.hf.format(layer=layer)
+    loader, shape = sources.load(name, param.hf_shape, param.ops)
+    return loader, shape, [name]
+  names = [param.hf.format(layer=layer, expert=e) for e in range(param.experts)]
+  parts = [sources.load(n, param.hf_shape, param.ops) for n in names]
+  loader, shape = _stack(parts, 0, dtype)
+  return loader, shape, names
+
+
+def _layer_leaves(sources: _Sources, layout: Layout, scan_layers: bool, dtype: np.dtype) -> Iterator[Leaf]:
+  for param in layout.layer:
+    per_layer = [_param_loader(sources, param, i, dtype) for i in range(layout.num_layers)]
+    if scan_layers:
+      loader, shape = _stack([(p, s) for p, s, _ in per_layer], SCAN_AXIS, dtype)
+      names = tuple(n for _, _, ns in per_layer for n in ns)
+      yield Leaf(("decoder", "layers", *param.maxtext.split("/")), shape, dtype, names, loader)
+    else:
+      for i, (loader, shape, names) in enumerate(per_layer):
+        yield Leaf(("decoder", f"layers_{i}", *param.maxtext.split("/")), shape, dtype, tuple(names), loader)
+
+
+def _check_tied_embeddings(checkpoint: SafetensorsCheckpoint, config: ModelConfig) -> None:
+  has_head = "lm_head.weight" in checkpoint.tensors
+  if config.tie_word_embeddings and has_head:
+    raise ConversionError(
+        f"{config.path}: tie_word_embeddings is true, but the checkpoint has its own 'lm_head.weight'"
+        f" (in {checkpoint.tensors['lm_head.weight'].path}); fix the flag or drop the tensor"
+    )
+  if not config.tie_word_embeddings and not has_head:
+    raise ConversionError(
+        f"{config.path}: tie_word_embeddings is false (or unset), but the checkpoint has no 'lm_head.weight';"
+        " set tie_word_embeddings to true if the model shares its embedding"
+    )
+
+
+def build_plan(
+    checkpoint: SafetensorsCheckpoint,
+    config: ModelConfig,
+    family: Family,
+    *,
+    target_model: str,
+    scan_layers: bool,
+    save_dtype: Any,
+    target_vocab_size: int | None = None,
+    allow_unused_tensors: bool = False,
+) -> Plan:
+  dtype = np.dtype(save_dtype)
+  target_vocab = target_vocab_size or config.vocab_size
+  if target_vocab < config.vocab_size:
+    raise ConversionError(
+        f"--target_vocab_size={target_vocab} is smaller than the checkpoint's vocab_size {config.vocab_size}"
+    )
+  _check_tied_embeddings(checkpoint, config)
+  semantics = family.semantics(config, target_model)
+  layout = family.layout(config, semantics, target_vocab)
+  sources = _Sources(checkpoint, config, dtype)
+  leaves = []
+  for param in layout.top:
+    loader, shape, names = _param_loader(sources, param, None, dtype)
+    leaves.append(Leaf(tuple(param.maxtext.split("/")), shape, dtype, tuple(names), loader))
+  leaves.extend(_layer_leaves(sources, layout, scan_layers, dtype))
+  ignored = [re.compile(p) for p in family.ignored_tensors]
+  unused = sorted(
+      n for n in checkpoint.tensors if n not in sources.used and not any(p.match(n) for p in ignored)
+  )
+  if unused and not allow_unused_tensors:
+    shown = ", ".join(f"{n!r} ({checkpoint.tensors[n].path})" for n in unused[:5])
+    raise ConversionError(
+        f"{checkpoint.directory}: {len(unused)} tensor(s) that {family.name} does not use: {shown}"
+        f"{' ...' if len(unused) > 5 else ''}; the checkpoint may not match config.json"
+        " (pass --allow_unused_tensors to convert anyway)"
+    )
+  return Plan(family, config, semantics, target_model, target_vocab, scan_layers, dtype, tuple(leaves), tuple(unused))

@@ -1,0 +1,55 @@
+"""A PyTree checkpointable handler that accepts `LazyTensor` leaves."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orbax.checkpoint as ocp
+
+from handlers import _orbax_private
+from handlers.leaf_handler import DEFAULT_MAX_INFLIGHT_BYTES, add_lazy_tensor_leaf_handler
+
+
+class LazyTensorPyTreeHandler:
+  """`ocp.v1.handlers.PyTreeHandler` with `LazyTensor` added to its leaf registry.
+
+  A wrapper rather than a subclass: `PyTreeHandler` is `@typing.final`, and the checkpointables registry
+  instantiates handler classes with no arguments, so the leaf registry has to be built in `__init__`.
+  """
+
+  max_inflight_bytes: int = DEFAULT_MAX_INFLIGHT_BYTES
+
+  def __init__(self, *, context: Any = None, leaf_handler_registry: Any = None):
+    leaf_registry = leaf_handler_registry or _orbax_private.StandardLeafHandlerRegistry()
+    add_lazy_tensor_leaf_handler(leaf_registry, self.max_inflight_bytes)
+    self._leaf_registry = leaf_registry
+    self._delegate = ocp.v1.handlers.PyTreeHandler(context=context, leaf_handler_registry=leaf_registry)
+
+  @property
+  def leaf_handler_registry(self) -> Any:
+    return self._leaf_registry
+
+  async def save(self, directory: Any, checkpointable: Any) -> Any:
+    return await self._delegate.save(directory, checkpointable)
+
+  async def load(self, directory: Any, abstract_checkpointable: Any = None) -> Any:
+    return await self._delegate.load(directory, abstract_checkpointable)
+
+  async def metadata(self, directory: Any) -> Any:
+    return await self._delegate.metadata(directory)
+
+  def is_handleable(self, checkpointable: Any) -> bool:
+    return self._delegate.is_handleable(checkpointable)
+
+  def is_abstract_handleable(self, abstract_checkpointable: Any) -> bool:
+    return self._delegate.is_abstract_handleable(abstract_checkpointable)
+
+
+def tree_handler_with_budget(max_inflight_bytes: int) -> type[LazyTensorPyTreeHandler]:
+  if max_inflight_bytes == LazyTensorPyTreeHandler.max_inflight_bytes:
+    return LazyTensorPyTreeHandler
+  return type(
+      LazyTensorPyTreeHandler.__name__,
+      (LazyTensorPyTreeHandler,),
+      {"max_inflight_bytes": int(max_inflight_bytes), "__module__": __name__},
+  )

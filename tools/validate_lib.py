@@ -1,0 +1,112 @@
+"""Compares a converted checkpoint's logits with the transformers reference on the same token ids."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from converter import families
+from converter.model_config import load_model_config
+from tools import checkpoint_io, forward
+
+
+@dataclasses.dataclass(frozen=True)
+class Thresholds:
+  max_abs_diff: float = 1e-4
+  min_cosine: float = 0.99999
+  min_argmax_agreement: float = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Report:
+  max_abs_diff: float
+  cosine: float
+  argmax_agreement: float
+  v0_v1_identical: bool
+  leaves: int
+
+  def failures(self, thresholds: Thresholds) -> list[str]:
+    failed = []
+    if not self.v0_v1_identical:
+      failed.append("v0 and v1 restores differ")
+    if not self.max_abs_diff <= thresholds.max_abs_diff:
+      failed.append(f"max|diff| {self.max_abs_diff:.3g} > {thresholds.max_abs_diff:.3g}")
+    if not self.cosine >= thresholds.min_cosine:
+      failed.append(f"cosine {self.cosine:.7f} < {thresholds.min_cosine}")
+    if not self.argmax_agreement >= thresholds.min_argmax_agreement:
+      failed.append(f"argmax agreement {self.argmax_agreement:.4f} < {thresholds.min_argmax_agreement}")
+    return failed
+
+
+def token_ids(vocab_size: int, batch: int, seq_len: int, seed: int) -> np.ndarray:
+  return np.random.default_rng(seed).integers(0, vocab_size, size=(batch, seq_len), dtype=np.int32)
+
+
+def reference_logits(hf_model_path: str, ids: np.ndarray, weights_dtype: str = "float32") -> np.ndarray:
+  """transformers' logits in float32; weights first rounded to `weights_dtype` (the dtype the checkpoint holds)."""
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+
+  model = transformers.AutoModelForCausalLM.from_pretrained(hf_model_path, dtype=torch.float32)
+  model.eval()
+  if weights_dtype != "float32":
+    with torch.no_grad():
+      for p in model.parameters():
+        p.copy_(p.to(getattr(torch, weights_dtype)).to(torch.float32))
+  with torch.no_grad():
+    return model(torch.from_numpy(ids.astype(np.int64))).logits.numpy()
+
+
+def compare_logits(ours: np.ndarray, reference: np.ndarray) -> tuple[float, float, float]:
+  ours, reference = ours[..., : reference.shape[-1]], reference  # Padded vocab entries have no reference.
+  diff = float(np.max(np.abs(ours - reference)))
+  a, b = ours.ravel().astype(np.float64), reference.ravel().astype(np.float64)
+  cosine = float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+  agreement = float(np.mean(np.argmax(ours, -1) == np.argmax(reference, -1)))
+  return diff, cosine, agreement
+
+
+def checkpoint_logits(hf_model_path: str, items_path: str, ids: np.ndarray) -> tuple[np.ndarray, Any, bool]:
+  """Our forward on the checkpoint restored through v0; also whether the v1 restore is bit-identical."""
+  tree = checkpoint_io.restore_v0(items_path)
+  v1_tree = checkpoint_io.restore_v1(items_path, tree)
+  identical = not checkpoint_io.trees_bit_identical(tree, v1_tree)
+  metadata = checkpoint_io.custom_metadata(items_path)
+  info = metadata.get("hf2maxtext", {})
+  config = load_model_config(hf_model_path)
+  family = families.family_by_name(info["family"]) if "family" in info else families.family_for_architecture(
+      config.architecture
+  )
+  semantics = family.semantics(config, info.get("target_model", family.default_target))
+  cfg = forward.ForwardConfig(
+      num_layers=config.num_layers,
+      head_dim=config.head_dim,
+      rms_norm_eps=config.rms_norm_eps,
+      rope_theta=config.rope_theta,
+      tie_word_embeddings=config.tie_word_embeddings,
+      semantics=semantics,
+  )
+  scan_layers = bool(metadata.get("scan_layers", "layers" in tree["params"]["params"]["decoder"]))
+  return forward.logits(tree["params"]["params"], ids, cfg, scan_layers), tree, identical
+
+
+def validate(
+    hf_model_path: str,
+    items_path: str,
+    *,
+    batch: int = 2,
+    seq_len: int = 32,
+    seed: int = 0,
+    reference: np.ndarray | None = None,
+) -> Report:
+  """`reference` may be passed in when several checkpoints of one model are validated against it."""
+  config = load_model_config(hf_model_path)
+  ids = token_ids(config.vocab_size, batch, seq_len, seed)
+  ours, tree, identical = checkpoint_logits(hf_model_path, items_path, ids)
+  if reference is None:
+    saved_dtype = checkpoint_io.custom_metadata(items_path).get("hf2maxtext", {}).get("save_dtype", "float32")
+    reference = reference_logits(hf_model_path, ids, saved_dtype)
+  diff, cosine, agreement = compare_logits(ours, reference)
+  return Report(diff, cosine, agreement, identical, len(checkpoint_io.flatten(tree)))
