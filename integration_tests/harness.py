@@ -1,0 +1,44 @@
+"""Shared by the integration tests: run the real converter binary in a child process, pick the platform."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+
+import converter
+
+CONVERTER_MAIN = os.path.join(os.path.dirname(converter.__file__), "main.py")
+REPO_ROOT = os.path.dirname(os.path.dirname(converter.__file__))
+
+
+def test_platform() -> str:
+  """cpu, gpu or tpu: the `*_gpu` / `*_tpu` test targets set HF2MAXTEXT_TEST_PLATFORM."""
+  return os.environ.get("HF2MAXTEXT_TEST_PLATFORM", "cpu")
+
+
+def start_jax() -> None:
+  """Validation (restores, forward pass) runs on the suite's platform; one device is enough for it."""
+  import jax  # pylint: disable=g-import-not-at-top
+
+  platform = test_platform()
+  jax.config.update("jax_platforms", platform)
+  if platform == "cpu":
+    jax.config.update("jax_num_cpu_devices", 1)
+
+
+def scratch_dir(prefix: str) -> str:
+  return tempfile.mkdtemp(prefix=prefix, dir=os.environ.get("TEST_TMPDIR"))
+
+
+def run_converter(*flags: str, check: bool = True) -> subprocess.CompletedProcess:
+  """`bazel run //converter -- FLAGS` as a user runs it, in a fresh process (JAX's device count is per process)."""
+  env = dict(os.environ, PYTHONPATH=REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+  env.pop("HF2MAXTEXT_TEST_PLATFORM", None)
+  result = subprocess.run(
+      [sys.executable, CONVERTER_MAIN, *flags], env=env, capture_output=True, text=True, timeout=900
+  )
+  if check and result.returncode != 0:
+    raise AssertionError(f"converter {' '.join(flags)} failed ({result.returncode}):\n{result.stderr[-4000:]}")
+  return result

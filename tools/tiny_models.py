@@ -1,0 +1,65 @@
+"""Random tiny HF models for tests and validation, built with transformers (test-only: imports torch).
+
+Every parameter is drawn at random, norm scales included: transformers initialises norms to 1 (or 0 for
+Gemma's `1 + w`), which would let a converter that drops or misplaces a norm pass every logits check.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+
+@dataclasses.dataclass(frozen=True)
+class TinyModelSpec:
+  config_class: str  # A transformers config class name.
+  model_class: str
+  config: dict[str, Any]
+
+
+def _qwen3() -> TinyModelSpec:
+  return TinyModelSpec(
+      "Qwen3Config",
+      "Qwen3ForCausalLM",
+      dict(hidden_size=256, num_hidden_layers=8, vocab_size=512, num_attention_heads=4, num_key_value_heads=2,
+           head_dim=96, intermediate_size=512, rope_theta=1e6, max_position_embeddings=512, rms_norm_eps=1e-6,
+           tie_word_embeddings=False),
+  )
+
+
+TINY_MODELS: dict[str, Callable[[], TinyModelSpec]] = {
+    "qwen3": _qwen3,
+}
+
+
+def randomize_parameters(model: Any, seed: int) -> None:
+  """Weights ~ N(0, 0.05^2); 1-D norm scales ~ 1 + N(0, 0.2^2)."""
+  import torch  # pylint: disable=g-import-not-at-top
+
+  generator = torch.Generator().manual_seed(seed)
+  with torch.no_grad():
+    for name, param in sorted(model.named_parameters()):
+      noise = torch.randn(param.shape, generator=generator, dtype=torch.float32)
+      if param.ndim == 1 and "norm" in name:
+        param.copy_(1.0 + 0.2 * noise)
+      else:
+        param.copy_(0.05 * noise)
+
+
+def build_tiny_model(
+    family: str, output_dir: str, *, dtype: str = "float32", seed: int = 0, max_shard_size: str | None = None,
+    **config_overrides: Any,
+) -> str:
+  """Writes a random tiny `family` model (config.json + safetensors) to `output_dir`; returns it."""
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+
+  spec = TINY_MODELS[family]()
+  config = getattr(transformers, spec.config_class)(**{**spec.config, **config_overrides})
+  torch.manual_seed(seed)
+  model = getattr(transformers, spec.model_class)(config).to(torch.float32)
+  randomize_parameters(model, seed)
+  model = model.to(getattr(torch, dtype))
+  kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
+  model.save_pretrained(output_dir, **kwargs)
+  return output_dir
