@@ -100,6 +100,19 @@ class ConversionMatrixTest(parameterized.TestCase):
     for i in range(8):
       np.testing.assert_array_equal(query[:, i], unscanned[f"layers_{i}"]["self_attention"]["query"]["kernel"])
 
+  def test_query_kernel_holds_exact_unscaled_projection(self):
+    # Qwen3 applies the query scale at run time; a scale baked into the kernel would hide in the logits behind
+    # the q-norm, so the values are compared exactly against the HF tensor.
+    from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
+
+    hf = load_file(os.path.join(self.model_dir, "model.safetensors"))
+    decoder = checkpoint_io.restore_v0(self.convert(1, False, True))["params"]["params"]["decoder"]
+    for i in (0, 7):
+      expected = hf[f"model.layers.{i}.self_attn.q_proj.weight"].T.reshape(256, 4, 96)
+      np.testing.assert_array_equal(decoder[f"layers_{i}"]["self_attention"]["query"]["kernel"], expected)
+      expected_norm = hf[f"model.layers.{i}.self_attn.k_norm.weight"]
+      np.testing.assert_array_equal(decoder[f"layers_{i}"]["self_attention"]["key_norm"]["scale"], expected_norm)
+
 
 if __name__ == "__main__":
   absltest.main()

@@ -49,3 +49,22 @@ def platform_py_test(name, srcs, main = None, env = {}, tags = [], size = "large
             tags = [platform] + extra_tags + tags,
             **kwargs
         )
+
+def py_unit_tests(deps = [], data = [], size = "medium", tags = []):
+    """One CPU py_test per *_test.py in the calling package, plus a `tests` suite of them.
+
+    For unit tests next to the code (handlers/, converter/, tools/). //integration_tests:cpu_tests
+    includes each package's :tests.
+    """
+    for src in native.glob(["*_test.py"], allow_empty = True):
+        py_test(
+            name = src[:-len(".py")],
+            size = size,
+            srcs = [src],
+            main = src,
+            env = dict(COMMON_ENV, HF2MAXTEXT_TEST_PLATFORM = "cpu", JAX_PLATFORMS = "cpu"),
+            tags = ["cpu"] + tags,
+            deps = deps,
+            data = data,
+        )
+    native.test_suite(name = "tests")

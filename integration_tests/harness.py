@@ -23,7 +23,7 @@ def start_jax() -> None:
   import jax  # pylint: disable=g-import-not-at-top
 
   platform = test_platform()
-  jax.config.update("jax_platforms", platform)
+  jax.config.update("jax_platforms", {"gpu": "cuda"}.get(platform, platform))
   if platform == "cpu":
     jax.config.update("jax_num_cpu_devices", 1)
 

@@ -1,0 +1,109 @@
+"""The v1 registration: LazyTensor trees save through `save_checkpointables` and restore as numpy via v0 and v1."""
+
+import functools
+import json
+import os
+import tempfile
+
+import jax
+
+jax.config.update("jax_platforms", "cpu")
+
+import ml_dtypes  # pylint: disable=g-import-not-at-top,g-bad-import-order
+import numpy as np
+import orbax.checkpoint as ocp
+from absl.testing import absltest
+
+from handlers import (  # pylint: disable=g-import-not-at-top
+    ITEMS, LazyTensor, LazyTensorLeafHandler, build_lazy_tensor_checkpointables_registry, lazy_tensor_context,
+)
+from handlers import _orbax_private
+from handlers.leaf_handler import batches_under_budget
+
+
+def _values(seed, shape):
+  return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def _tree():
+  return {
+      "step": 0,
+      "params": {"params": {
+          "a": LazyTensor("a", (16, 8), ml_dtypes.bfloat16, functools.partial(_values, 0, (16, 8))),
+          "b": LazyTensor("b", (3, 4, 5), np.float32, functools.partial(_values, 1, (3, 4, 5))),
+          "c": LazyTensor("c", (7,), ml_dtypes.bfloat16, functools.partial(_values, 2, (7,))),
+      }},
+      "opt_state": {},
+  }
+
+
+def _tmpdir():
+  return tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
+
+
+class RegistryTest(absltest.TestCase):
+
+  def _save(self, max_inflight_bytes):
+    out = _tmpdir()
+    checkpointer = ocp.v1.training.Checkpointer(out, context=lazy_tensor_context(max_inflight_bytes))
+    checkpointer.save_checkpointables(0, {ITEMS: _tree()}, custom_metadata={"scan_layers": True})
+    checkpointer.close()
+    return out
+
+  def _expected(self):
+    return {k: np.asarray(v) for k, v in _tree()["params"]["params"].items()}
+
+  def test_round_trip_through_v0_and_v1_with_small_budget(self):
+    # A budget smaller than any leaf forces one leaf per batch: the batching path must not lose leaves.
+    for budget in (1, 1 << 30):
+      out = self._save(budget)
+      self.assertTrue(os.path.exists(os.path.join(out, "0", "commit_success.txt")))
+      items = os.path.join(out, "0", ITEMS)
+      v0 = ocp.PyTreeCheckpointer().restore(items)["params"]["params"]
+      abstract = jax.tree.map(lambda _: np.ndarray, _tree())
+      v1 = ocp.v1.load(os.path.join(out, "0"), abstract, checkpointable_name=ITEMS)["params"]["params"]
+      for name, expected in self._expected().items():
+        for restored in (v0[name], v1[name]):
+          self.assertEqual(restored.dtype, expected.dtype, name)
+          self.assertEqual(restored.tobytes(), expected.tobytes(), name)
+
+  def test_metadata_records_numpy_typestr_not_handler_class(self):
+    out = self._save(1 << 30)
+    with open(os.path.join(out, "0", ITEMS, "_METADATA")) as f:
+      types = {k: v["value_metadata"]["value_type"] for k, v in json.load(f)["tree_metadata"].items()}
+    self.assertEqual({t for k, t in types.items() if "params" in k}, {"np.ndarray"})
+
+  def test_registry_binds_items_and_keeps_global_handlers(self):
+    registry = build_lazy_tensor_checkpointables_registry()
+    self.assertTrue(registry.has(ITEMS))
+    names = [name for _, name in registry.get_all_entries()]
+    self.assertIn("metrics", names)  # From the global registry.
+
+  def test_tree_handler_adds_lazy_tensor_to_a_given_leaf_registry(self):
+    leaf_registry = _orbax_private.StandardLeafHandlerRegistry()
+    handler_class = build_lazy_tensor_checkpointables_registry().get(ITEMS)
+    handler = handler_class(leaf_handler_registry=leaf_registry)
+    self.assertIs(handler.leaf_handler_registry, leaf_registry)
+    self.assertTrue(leaf_registry.is_handleable(LazyTensor))
+    self.assertTrue(handler.is_handleable(_tree()))
+    self.assertEqual(leaf_registry.get_secondary_typestrs(leaf_registry.get(LazyTensor)), ["np.ndarray"])
+    self.assertTrue(issubclass(leaf_registry.get(LazyTensor), LazyTensorLeafHandler))
+
+  def test_v0_registration_saves_lazy_tensors(self):
+    out = os.path.join(_tmpdir(), "v0")
+    ocp.PyTreeCheckpointer().save(out, _tree()["params"])
+    restored = ocp.PyTreeCheckpointer().restore(out)["params"]
+    for name, expected in self._expected().items():
+      self.assertEqual(restored[name].tobytes(), expected.tobytes(), name)
+
+  def test_batches_respect_budget_and_order(self):
+    class P:
+      def __init__(self, nbytes):
+        self.value = type("V", (), {"nbytes": nbytes})()
+    params = [P(n) for n in (4, 4, 9, 1, 1, 1)]
+    batches = [[p.value.nbytes for p in b] for b in batches_under_budget(params, 8)]
+    self.assertEqual(batches, [[4, 4], [9], [1, 1, 1]])
+
+
+if __name__ == "__main__":
+  absltest.main()

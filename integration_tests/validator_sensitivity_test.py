@@ -1,0 +1,89 @@
+"""The validator must reject conversions that keep every name and shape but move values.
+
+A gate/up swap, swapped q/k norms, a norm read from the wrong tensor: each is a real converter bug that loads
+in MaxText without complaint. Each is injected here into the family description and must fail. (A wrongly baked
+query scale is invisible in Qwen3's logits, since its q-norm absorbs it; conversion_matrix_test checks the query
+kernel's exact values instead.)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from absl.testing import absltest, parameterized
+
+from integration_tests import harness
+
+harness.start_jax()
+
+from converter import families, writer  # pylint: disable=g-import-not-at-top,g-bad-import-order
+from converter.families import Layout
+from converter.model_config import load_model_config
+from converter.plan import build_plan
+from converter.safetensors_reader import open_checkpoint
+from tools import tiny_models, validate_lib
+
+
+def _swap_hf_names(layout: Layout, a: str, b: str) -> Layout:
+  by_path = {p.maxtext: p for p in layout.layer}
+  swapped = {a: dataclasses.replace(by_path[a], hf=by_path[b].hf), b: dataclasses.replace(by_path[b], hf=by_path[a].hf)}
+  return dataclasses.replace(layout, layer=tuple(swapped.get(p.maxtext, p) for p in layout.layer))
+
+
+def _gate_up_swapped(layout: Layout) -> Layout:
+  return _swap_hf_names(layout, "mlp/wi_0/kernel", "mlp/wi_1/kernel")
+
+
+def _query_norm_key_norm_swapped(layout: Layout) -> Layout:
+  return _swap_hf_names(layout, "self_attention/query_norm/scale", "self_attention/key_norm/scale")
+
+
+def _final_norm_dropped_to_ones(layout: Layout) -> Layout:
+  # The norm read from the first layer's input norm instead: same shape, wrong values.
+  top = tuple(
+      dataclasses.replace(p, hf="model.layers.0.input_layernorm.weight") if p.maxtext == "decoder/decoder_norm/scale"
+      else p for p in layout.top
+  )
+  return dataclasses.replace(layout, top=top)
+
+
+class ValidatorSensitivityTest(parameterized.TestCase):
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.model_dir = tiny_models.build_tiny_model("qwen3", harness.scratch_dir("qwen3-hf-"))
+    config = load_model_config(cls.model_dir)
+    cls.reference = validate_lib.reference_logits(
+        cls.model_dir, validate_lib.token_ids(config.vocab_size, 2, 32, 0)
+    )
+
+  def _convert_with(self, mutate) -> str:
+    family = families.family_for_architecture("Qwen3ForCausalLM")
+    broken = dataclasses.replace(family, layout=lambda cfg, sem, vocab: mutate(family.layout(cfg, sem, vocab)))
+    plan = build_plan(
+        open_checkpoint(self.model_dir), load_model_config(self.model_dir), broken, target_model="qwen3",
+        scan_layers=True, save_dtype="float32", allow_unused_tensors=True,
+    )
+    out = harness.scratch_dir("broken-")
+    writer.save(plan, out, lazy=True, devices=1, max_inflight_bytes=1 << 30,
+                custom_metadata={"scan_layers": True, "hf2maxtext": {"family": "qwen3", "target_model": "qwen3"}})
+    return os.path.join(out, "0", "items")
+
+  def test_correct_conversion_passes(self):
+    report = validate_lib.validate(self.model_dir, self._convert_with(lambda layout: layout), reference=self.reference)
+    self.assertEqual(report.failures(validate_lib.Thresholds()), [])
+
+  @parameterized.named_parameters(
+      ("gate_up_swap", _gate_up_swapped),
+      ("query_key_norm_swap", _query_norm_key_norm_swapped),
+      ("final_norm_from_wrong_tensor", _final_norm_dropped_to_ones),
+  )
+  def test_same_shape_mistake_is_rejected(self, mutate):
+    report = validate_lib.validate(self.model_dir, self._convert_with(mutate), reference=self.reference)
+    self.assertNotEqual(report.failures(validate_lib.Thresholds()), [], report)
+
+
+if __name__ == "__main__":
+  absltest.main()
