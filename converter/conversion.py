@@ -32,19 +32,20 @@ def plan_conversion(
 ) -> Plan:
   config = load_model_config(hf_model_path)
   family = families.family_for_architecture(config.architecture, config.path)
+  target = families.resolve_target(family, config.path, target_model, family.infer_target(config))
   checkpoint = open_checkpoint(hf_model_path)
   plan = build_plan(
       checkpoint,
       config,
       family,
-      target_model=target_model or family.default_target,
+      target_model=target,
       scan_layers=scan_layers,
       save_dtype=save_dtype,
       target_vocab_size=target_vocab_size,
       allow_unused_tensors=allow_unused_tensors,
   )
-  for name in plan.unused_tensors:
-    logging.warning("ignoring tensor %r, which %s does not use", name, family.name)
+  for warning in plan.warnings:
+    logging.warning("%s", warning)
   return plan
 
 

@@ -80,6 +80,8 @@ def run() -> None:
   print(f"peak RSS:      {_peak_rss_bytes() / 2**20:.0f} MiB")
   print(f"devices:       {FLAGS.simulated_cpu_devices_count} ({'lazy' if FLAGS.lazy_load_tensors else 'eager'})")
   print(f"output:        {result.items_path}")
+  for warning in plan.warnings:
+    print(f"warning:       {warning}")
   print(f"MaxText:       load_parameters_path={result.items_path} "
         + " ".join(f"{k}={json.dumps(v)}" for k, v in result.overrides.items()))
 

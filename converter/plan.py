@@ -84,6 +84,7 @@ class Plan:
   save_dtype: np.dtype
   leaves: tuple[Leaf, ...]
   unused_tensors: tuple[str, ...]
+  warnings: tuple[str, ...]
 
   @property
   def total_bytes(self) -> int:
@@ -197,6 +198,7 @@ def build_plan(
         f"--target_vocab_size={target_vocab} is smaller than the checkpoint's vocab_size {config.vocab_size}"
     )
   _check_tied_embeddings(checkpoint, config)
+  warnings = list(family.check(config, target_model))
   semantics = family.semantics(config, target_model)
   layout = family.layout(config, semantics, target_vocab)
   sources = _Sources(checkpoint, config, dtype)
@@ -209,6 +211,8 @@ def build_plan(
   unused = sorted(
       n for n in checkpoint.tensors if n not in sources.used and not any(p.match(n) for p in ignored)
   )
+  if unused:
+    warnings.append(f"{len(unused)} unused tensor(s): {', '.join(unused[:5])}{' ...' if len(unused) > 5 else ''}")
   if unused and not allow_unused_tensors:
     shown = ", ".join(f"{n!r} ({checkpoint.tensors[n].path})" for n in unused[:5])
     raise ConversionError(
@@ -216,4 +220,5 @@ def build_plan(
         f"{' ...' if len(unused) > 5 else ''}; the checkpoint may not match config.json"
         " (pass --allow_unused_tensors to convert anyway)"
     )
-  return Plan(family, config, semantics, target_model, target_vocab, scan_layers, dtype, tuple(leaves), tuple(unused))
+  return Plan(family, config, semantics, target_model, target_vocab, scan_layers, dtype, tuple(leaves), tuple(unused),
+              tuple(warnings))

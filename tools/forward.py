@@ -27,6 +27,7 @@ class ForwardConfig:
   rope_theta: float
   tie_word_embeddings: bool
   semantics: DecoderSemantics
+  num_experts_per_tok: int = 0
 
 
 def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
@@ -34,14 +35,26 @@ def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
   return x * jax.lax.rsqrt(variance + eps) * scale
 
 
-def rope_frequencies(head_dim: int, theta: float) -> jax.Array:
-  return 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+def rope_frequencies(head_dim: int, theta: float, llama3_scaling: bool = False) -> jax.Array:
+  frequencies = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+  if not llama3_scaling:
+    return frequencies
+  # MaxText's llama3.1 rotary embedding: factor 8, low 1, high 4, original context 8192, fixed.
+  factor, low, high, original = 8.0, 1.0, 4.0, 8192.0
+  wavelength = 2 * jnp.pi / frequencies
+  smooth = (original / wavelength - low) / (high - low)
+  scaled = jnp.where(wavelength > original / low, frequencies / factor, frequencies)
+  medium = (wavelength >= original / high) & (wavelength <= original / low)
+  return jnp.where(medium, (1 - smooth) * frequencies / factor + smooth * frequencies, scaled)
 
 
-def apply_rope(x: jax.Array, positions: jax.Array, theta: float, interleaved: bool) -> jax.Array:
+def apply_rope(
+    x: jax.Array, positions: jax.Array, theta: float, interleaved: bool, llama3_scaling: bool = False
+) -> jax.Array:
   """x: [batch, seq, heads, head_dim]. Rotate-half pairs (i, i + D/2), or interleaved pairs (2i, 2i + 1)."""
   head_dim = x.shape[-1]
-  angles = positions[:, :, None].astype(jnp.float32) * rope_frequencies(head_dim, theta)  # [b, s, D/2]
+  frequencies = rope_frequencies(head_dim, theta, llama3_scaling)
+  angles = positions[:, :, None].astype(jnp.float32) * frequencies  # [b, s, D/2]
   sin, cos = jnp.sin(angles)[:, :, None, :], jnp.cos(angles)[:, :, None, :]
   if interleaved:
     first, second = x[..., 0::2], x[..., 1::2]
@@ -64,8 +77,8 @@ def attention(layer: Mapping[str, Any], x: jax.Array, positions: jax.Array, cfg:
   if sem.qk_norm:
     q = rms_norm(q, layer["query_norm"]["scale"], cfg.rms_norm_eps)
     k = rms_norm(k, layer["key_norm"]["scale"], cfg.rms_norm_eps)
-  q = apply_rope(q, positions, cfg.rope_theta, sem.rope_interleaved)
-  k = apply_rope(k, positions, cfg.rope_theta, sem.rope_interleaved)
+  q = apply_rope(q, positions, cfg.rope_theta, sem.rope_interleaved, sem.llama3_rope_scaling)
+  k = apply_rope(k, positions, cfg.rope_theta, sem.rope_interleaved, sem.llama3_rope_scaling)
   groups = q.shape[2] // k.shape[2]
   k, v = jnp.repeat(k, groups, axis=2), jnp.repeat(v, groups, axis=2)
   scale = 1.0 if sem.query_scale_in_kernel else cfg.head_dim**-0.5
@@ -84,10 +97,22 @@ def dense_mlp(mlp: Mapping[str, Any], x: jax.Array) -> jax.Array:
   return (jax.nn.silu(gate) * up) @ mlp["wo"]["kernel"]
 
 
+def moe_mlp(moe: Mapping[str, Any], x: jax.Array, experts_per_token: int) -> jax.Array:
+  """Softmax router, top-k, weights renormalised over the chosen experts (MaxText always renormalises)."""
+  probs = jax.nn.softmax(x @ moe["gate"]["kernel"], axis=-1)  # [b, s, X]
+  top_weights, top_experts = jax.lax.top_k(probs, experts_per_token)
+  top_weights = top_weights / jnp.sum(top_weights, axis=-1, keepdims=True)
+  weights = jnp.sum(jax.nn.one_hot(top_experts, probs.shape[-1]) * top_weights[..., None], axis=-2)
+  hidden = jax.nn.silu(jnp.einsum("bse,xem->bsxm", x, moe["wi_0"])) * jnp.einsum("bse,xem->bsxm", x, moe["wi_1"])
+  return jnp.einsum("bsxm,xme,bsx->bse", hidden, moe["wo"], weights)
+
+
 def decoder_layer(layer: Mapping[str, Any], x: jax.Array, positions: jax.Array, cfg: ForwardConfig) -> jax.Array:
   h = rms_norm(x, layer["pre_self_attention_layer_norm"]["scale"], cfg.rms_norm_eps)
   x = x + attention(layer["self_attention"], h, positions, cfg)
   h = rms_norm(x, layer["post_self_attention_layer_norm"]["scale"], cfg.rms_norm_eps)
+  if cfg.semantics.moe:
+    return x + moe_mlp(layer[cfg.semantics.moe_block], h, cfg.num_experts_per_tok)
   return x + dense_mlp(layer["mlp"], h)
 
 

@@ -27,8 +27,66 @@ def _qwen3() -> TinyModelSpec:
   )
 
 
+# Shared shape of the tiny models: head_dim differs from hidden / heads, queries are grouped 3:1.
+_DENSE = dict(hidden_size=192, num_hidden_layers=4, vocab_size=509, num_attention_heads=6, num_key_value_heads=2,
+              head_dim=40, intermediate_size=320, max_position_embeddings=512, rms_norm_eps=1e-5,
+              tie_word_embeddings=False)
+_LLAMA31_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                    "original_max_position_embeddings": 8192, "rope_theta": 500000.0}
+
+
+def _llama2() -> TinyModelSpec:
+  return TinyModelSpec("LlamaConfig", "LlamaForCausalLM", dict(_DENSE, rope_theta=10000.0))
+
+
+def _llama3() -> TinyModelSpec:
+  return TinyModelSpec("LlamaConfig", "LlamaForCausalLM", dict(_DENSE, rope_theta=500000.0))
+
+
+def _llama31() -> TinyModelSpec:
+  return TinyModelSpec("LlamaConfig", "LlamaForCausalLM",
+                       dict(_DENSE, rope_parameters=_LLAMA31_SCALING, max_position_embeddings=131072))
+
+
+def _llama32_tied() -> TinyModelSpec:
+  return TinyModelSpec("LlamaConfig", "LlamaForCausalLM",
+                       dict(_DENSE, rope_parameters=_LLAMA31_SCALING, max_position_embeddings=131072,
+                            tie_word_embeddings=True))
+
+
+def _mistral() -> TinyModelSpec:
+  return TinyModelSpec("MistralConfig", "MistralForCausalLM", dict(_DENSE, rope_theta=1e6, sliding_window=None))
+
+
+def _qwen2() -> TinyModelSpec:
+  return TinyModelSpec("Qwen2Config", "Qwen2ForCausalLM", dict(_DENSE, rope_theta=1e6))
+
+
+def _qwen3_moe() -> TinyModelSpec:
+  return TinyModelSpec(
+      "Qwen3MoeConfig", "Qwen3MoeForCausalLM",
+      dict(_DENSE, rope_theta=1e6, num_experts=6, num_experts_per_tok=2, moe_intermediate_size=96,
+           norm_topk_prob=True),
+  )
+
+
+def _mixtral() -> TinyModelSpec:
+  return TinyModelSpec(
+      "MixtralConfig", "MixtralForCausalLM",
+      dict(_DENSE, rope_theta=1e6, num_local_experts=4, num_experts_per_tok=2, intermediate_size=96),
+  )
+
+
 TINY_MODELS: dict[str, Callable[[], TinyModelSpec]] = {
     "qwen3": _qwen3,
+    "llama2": _llama2,
+    "llama3": _llama3,
+    "llama3.1": _llama31,
+    "llama3.2_tied": _llama32_tied,
+    "mistral": _mistral,
+    "qwen2": _qwen2,
+    "qwen3_moe": _qwen3_moe,
+    "mixtral": _mixtral,
 }
 
 

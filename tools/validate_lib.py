@@ -79,7 +79,7 @@ def checkpoint_logits(hf_model_path: str, items_path: str, ids: np.ndarray) -> t
   family = families.family_by_name(info["family"]) if "family" in info else families.family_for_architecture(
       config.architecture
   )
-  semantics = family.semantics(config, info.get("target_model", family.default_target))
+  semantics = family.semantics(config, info.get("target_model") or family.infer_target(config))
   cfg = forward.ForwardConfig(
       num_layers=config.num_layers,
       head_dim=config.head_dim,
@@ -87,6 +87,7 @@ def checkpoint_logits(hf_model_path: str, items_path: str, ids: np.ndarray) -> t
       rope_theta=config.rope_theta,
       tie_word_embeddings=config.tie_word_embeddings,
       semantics=semantics,
+      num_experts_per_tok=int(config.get("num_experts_per_tok") or 0),
   )
   scan_layers = bool(metadata.get("scan_layers", "layers" in tree["params"]["params"]["decoder"]))
   return forward.logits(tree["params"]["params"], ids, cfg, scan_layers), tree, identical

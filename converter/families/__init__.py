@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 from converter.errors import ConversionError
-from converter.families import qwen3
+from converter.families import llama, mistral, mixtral, qwen2, qwen3, qwen3_moe
 from converter.families.base import DecoderSemantics, Family, Layout, Param
 
-FAMILIES: tuple[Family, ...] = (qwen3.FAMILY,)
+FAMILIES: tuple[Family, ...] = (
+    llama.FAMILY,
+    mistral.FAMILY,
+    mixtral.FAMILY,
+    qwen2.FAMILY,
+    qwen3.FAMILY,
+    qwen3_moe.FAMILY,
+)
 
 
 def supported_architectures() -> list[str]:
@@ -29,5 +36,17 @@ def family_by_name(name: str) -> Family:
   raise ConversionError(f"unknown family {name!r}; known: {', '.join(f.name for f in FAMILIES)}")
 
 
+def resolve_target(family: Family, config_path: str, target_model: str | None, inferred: str) -> str:
+  """The user's --target_model if this family can produce it, else the one inferred from config.json."""
+  if target_model is None:
+    return inferred
+  if not family.target_prefix(target_model):
+    raise ConversionError(
+        f"--target_model={target_model} is not a MaxText model {family.name} checkpoints ({config_path}) convert to;"
+        f" expected one of: {', '.join(t + '-*' for t in family.targets)}"
+    )
+  return target_model
+
+
 __all__ = ["FAMILIES", "DecoderSemantics", "Family", "Layout", "Param", "family_by_name", "family_for_architecture",
-           "supported_architectures"]
+           "resolve_target", "supported_architectures"]

@@ -37,8 +37,10 @@ class DecoderSemantics:
   qk_norm: bool = False
   query_scale_in_kernel: bool = False  # True: 1/sqrt(D) baked into the query kernel, attention runs unscaled.
   rope_interleaved: bool = False  # llama3.1 rotary embedding: q/k kernels permuted to interleaved pairs.
+  llama3_rope_scaling: bool = False  # MaxText's llama3.1 rope: factor 8, low 1, high 4, original context 8192.
   attention_bias: bool = False
   moe: bool = False
+  moe_block: str = "moe_block"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,12 +52,24 @@ class Layout:
 
 @dataclasses.dataclass(frozen=True)
 class Family:
-  """A model family: the HF architectures it reads, the MaxText model it targets, and its layout."""
+  """A model family: the HF architectures it reads, the MaxText models it can target, and its layout.
+
+  `targets` are MaxText model-name prefixes ("llama3.1" covers llama3.1-8b and llama3.1-70b); `infer_target`
+  picks one from config.json; `semantics` says how the chosen target's decoder computes; `check` returns
+  warnings about what the target cannot reproduce (it raises ConversionError for what it must refuse).
+  """
 
   name: str
   architectures: tuple[str, ...]
-  default_target: str  # MaxText model-name prefix written to the checkpoint's metadata, e.g. "qwen3".
+  targets: tuple[str, ...]
+  infer_target: Callable[[ModelConfig], str]
   semantics: Callable[[ModelConfig, str], DecoderSemantics]
   layout: Callable[[ModelConfig, DecoderSemantics, int], Layout]  # (config, semantics, target vocab size)
-  ignored_tensors: tuple[str, ...] = (r".*\.rotary_emb\.inv_freq$",)
+  check: Callable[[ModelConfig, str], list[str]] = lambda cfg, target: []
   extra_overrides: Callable[[ModelConfig], dict] | None = None  # MaxText config keys beyond the dense ones.
+  ignored_tensors: tuple[str, ...] = (r".*\.rotary_emb\.inv_freq$",)
+
+  def target_prefix(self, target_model: str) -> str:
+    """The longest declared prefix `target_model` starts with ("llama3.1-8b" -> "llama3.1")."""
+    matches = [t for t in self.targets if target_model == t or target_model.startswith(t + "-")]
+    return max(matches, key=len) if matches else ""

@@ -1,11 +1,11 @@
-"""Pieces shared by decoder families: embeddings, attention, dense MLP and norms in MaxText's layout."""
+"""Pieces shared by decoder families: embeddings, attention, MLPs and norms in MaxText's layout."""
 
 from __future__ import annotations
 
 import math
 
 from converter import ops
-from converter.families.base import DecoderSemantics, Param
+from converter.families.base import DecoderSemantics, Layout, Param
 from converter.model_config import ModelConfig
 
 LAYER = "model.layers.{layer}"
@@ -66,3 +66,39 @@ def dense_mlp(cfg: ModelConfig, prefix: str = "mlp") -> tuple[Param, ...]:
       Param(f"{prefix}/wi_1/kernel", f"{mlp}.up_proj.weight", (M, E), (ops.Transpose(),)),
       Param(f"{prefix}/wo/kernel", f"{mlp}.down_proj.weight", (E, M), (ops.Transpose(),)),
   )
+
+
+def moe_mlp(
+    cfg: ModelConfig, *, prefix: str, router: str, experts: str, gate: str, up: str, down: str, num_experts: int,
+    expert_dim: int,
+) -> tuple[Param, ...]:
+  """Router kernel (E, X) and expert weights stacked experts-first: wi_0/wi_1 (X, E, M), wo (X, M, E)."""
+  E, X, M = cfg.hidden_size, num_experts, expert_dim
+  expert = f"{LAYER}.{experts}.{{expert}}"
+  return (
+      Param(f"{prefix}/gate/kernel", f"{LAYER}.{router}.weight", (X, E), (ops.Transpose(),)),
+      Param(f"{prefix}/wi_0", f"{expert}.{gate}.weight", (M, E), (ops.Transpose(),), experts=X),
+      Param(f"{prefix}/wi_1", f"{expert}.{up}.weight", (M, E), (ops.Transpose(),), experts=X),
+      Param(f"{prefix}/wo", f"{expert}.{down}.weight", (E, M), (ops.Transpose(),), experts=X),
+  )
+
+
+def dense_decoder(cfg: ModelConfig, semantics: DecoderSemantics, target_vocab: int) -> Layout:
+  """Llama-style decoder: the layout of Llama, Mistral, Qwen2 and Qwen3."""
+  return Layout(
+      top=embeddings(cfg, target_vocab),
+      layer=layer_norms(cfg) + attention(cfg, semantics) + dense_mlp(cfg),
+      num_layers=cfg.num_layers,
+  )
+
+
+def single_target(target: str):
+  return lambda cfg: target
+
+
+def no_sliding_window(cfg: ModelConfig, target: str) -> list[str]:
+  window = cfg.get("sliding_window")
+  if window and cfg.get("use_sliding_window", True):
+    return [f"{cfg.path}: sliding_window={window}; MaxText's {target} decoder ignores it, so logits match HF only"
+            f" for sequences of at most {window} tokens"]
+  return []
