@@ -45,7 +45,7 @@ FAMILY = Family(
     name="qwen3_moe",
     architectures=("Qwen3MoeForCausalLM",),
     targets=("qwen3",),
-    infer_target=common.single_target("qwen3-moe"),
+    infer_target=common.single_target("qwen3"),
     semantics=lambda cfg, target: DecoderSemantics(qk_norm=True, moe=True),
     layout=_layout,
     check=_check,
