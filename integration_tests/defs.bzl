@@ -17,7 +17,8 @@ def platform_py_test(name, srcs, main = None, env = {}, tags = [], size = "large
     """Declares `name` (CPU), `name_gpu` and `name_tpu` from the same sources.
 
     The CPU test is an ordinary test (in //... and :cpu_tests). The GPU and TPU ones are tagged
-    "manual", so `bazel test //...` skips them; run them through :gpu_tests / :tpu_tests.
+    "manual" (so `bazel test //...` skips them; run them through :gpu_tests / :tpu_tests) and
+    "exclusive".
 
     Args:
       name: name of the CPU test; the others get _gpu / _tpu appended.
@@ -34,8 +35,10 @@ def platform_py_test(name, srcs, main = None, env = {}, tags = [], size = "large
         main = srcs[0]
     for platform, suffix, extra_tags in [
         ("cpu", "", []),
-        ("gpu", "_gpu", ["manual"]),
-        ("tpu", "_tpu", ["manual"]),
+        # exclusive: one accelerator test at a time (JAX takes most of a GPU's memory; a TPU admits
+        # one process).
+        ("gpu", "_gpu", ["manual", "exclusive"]),
+        ("tpu", "_tpu", ["manual", "exclusive"]),
     ]:
         test_env = dict(COMMON_ENV)
         test_env.update(PLATFORM_ENV[platform])
