@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any
 
 from absl import logging
@@ -19,6 +20,11 @@ class ConversionResult:
   plan: Plan
   items_path: str
   overrides: dict[str, Any]
+
+
+def _original_hf_config(plan: Plan) -> dict[str, Any]:
+  with open(plan.config.path) as f:  # Already parsed once by load_model_config: it exists and is valid JSON.
+    return json.load(f)
 
 
 def plan_conversion(
@@ -81,6 +87,8 @@ def convert_to_maxtext(
           "hf_architecture": plan.config.architecture,
           "save_dtype": plan.save_dtype.name,
           "maxtext_overrides": overrides,
+          # The original config.json, verbatim: --direction=to_huggingface writes it back.
+          "hf_config": _original_hf_config(plan),
       },
   }
   items_path = writer.save(

@@ -2,7 +2,10 @@
 
   bazel run //converter -- --hf_model_path=/models/Qwen3-8B --output_dir=/ckpt/qwen3-8b
 
-MaxText then loads it with `load_parameters_path=<output_dir>/0/items`.
+MaxText then loads it with `load_parameters_path=<output_dir>/0/items`. And back to HuggingFace safetensors:
+
+  bazel run //converter -- --direction=to_huggingface --checkpoint_path=/ckpt/qwen3-8b/0/items \
+      --output_dir=/models/Qwen3-8B-roundtrip
 """
 
 from __future__ import annotations
@@ -17,8 +20,16 @@ from absl import app, flags, logging
 
 FLAGS = flags.FLAGS
 
-flags.DEFINE_string("hf_model_path", None, "HF checkpoint directory (config.json + safetensors).")
-flags.DEFINE_string("output_dir", None, "Directory for the Orbax checkpoint; step 0 is written to OUTPUT_DIR/0.")
+flags.DEFINE_enum("direction", "to_maxtext", ["to_maxtext", "to_huggingface"],
+                  "to_maxtext: HF safetensors -> Orbax checkpoint. to_huggingface: Orbax checkpoint -> HF safetensors.")
+flags.DEFINE_string("hf_model_path", None, "HF checkpoint directory (config.json + safetensors); to_maxtext only.")
+flags.DEFINE_string("output_dir", None, "to_maxtext: directory for the Orbax checkpoint (step 0 is written to"
+                    " OUTPUT_DIR/0). to_huggingface: the HF checkpoint directory to create.")
+flags.DEFINE_string("checkpoint_path", None, "to_huggingface: the Orbax checkpoint to read, e.g. OUTPUT_DIR/0/items.")
+flags.DEFINE_string("max_shard_size", "5GB", "to_huggingface: largest safetensors shard, e.g. 5GB, 500MB, 2GiB.")
+flags.DEFINE_string("family", None, "to_huggingface: model family (default: recorded in the checkpoint metadata).")
+flags.DEFINE_string("hf_config_path", None, "to_huggingface: the original config.json (or its directory), for"
+                    " checkpoints whose metadata does not record it (e.g. written by MaxText).")
 flags.DEFINE_boolean("scan_layers", True, "Stack decoder layers into one leaf per parameter (MaxText scan_layers).")
 flags.DEFINE_boolean("lazy_load_tensors", True, "Read each tensor only when Orbax writes it (false: read all first).")
 flags.DEFINE_integer(
@@ -30,7 +41,15 @@ flags.DEFINE_string("target_model", None, "MaxText model the checkpoint is for (
 flags.DEFINE_integer("target_vocab_size", None, "Zero-pad the vocabulary to this size (MaxText configs may round up).")
 flags.DEFINE_boolean("allow_unused_tensors", False, "Warn about, rather than refuse, tensors the family does not use.")
 flags.DEFINE_integer("max_inflight_bytes", 1 << 30, "Most bytes of materialised tensors alive at once while saving.")
-flags.mark_flags_as_required(["hf_model_path", "output_dir"])
+
+
+@flags.multi_flags_validator(["direction", "hf_model_path", "checkpoint_path", "output_dir"])
+def _required_for_direction(values: dict) -> bool:
+  required = {"to_maxtext": ["hf_model_path", "output_dir"], "to_huggingface": ["checkpoint_path", "output_dir"]}
+  missing = [f"--{name}" for name in required[values["direction"]] if not values[name]]
+  if missing:
+    raise flags.ValidationError(f"--direction={values['direction']} requires {' and '.join(missing)}")
+  return True
 
 
 def _resolve(path: str) -> str:
@@ -53,7 +72,38 @@ def _peak_rss_bytes() -> int:
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def _run_to_huggingface() -> None:
+  _start_jax(1)  # Nothing is placed on devices: arrays are read slice by slice into numpy.
+  from converter import to_huggingface  # pylint: disable=g-import-not-at-top
+
+  start = time.monotonic()
+  result = to_huggingface.convert_to_huggingface(
+      _resolve(FLAGS.checkpoint_path),
+      _resolve(FLAGS.output_dir),
+      max_shard_size=FLAGS.max_shard_size,
+      family=FLAGS.family,
+      overwrite=FLAGS.overwrite,
+      hf_config_path=_resolve(FLAGS.hf_config_path) if FLAGS.hf_config_path else None,
+      target_model=FLAGS.target_model,
+  )
+  seconds = time.monotonic() - start
+  plan = result.plan
+  print(f"family:        {plan.family.name} ({plan.config.architecture}), from target model {plan.target_model}")
+  print(f"tensors:       {result.num_tensors} ({'scanned' if plan.scan_layers else 'unscanned'} checkpoint,"
+        f" {plan.dtype.name})")
+  print(f"bytes:         {result.total_bytes:,}")
+  print(f"shards:        {len(result.files)} ({result.files[0]}{' ...' if len(result.files) > 1 else ''})")
+  print(f"seconds:       {seconds:.2f}")
+  print(f"peak RSS:      {_peak_rss_bytes() / 2**20:.0f} MiB")
+  print(f"output:        {result.output_dir}")
+  for warning in plan.warnings:
+    print(f"warning:       {warning}")
+
+
 def run() -> None:
+  if FLAGS.direction == "to_huggingface":
+    _run_to_huggingface()
+    return
   _start_jax(FLAGS.simulated_cpu_devices_count)
   from converter import conversion  # pylint: disable=g-import-not-at-top
 

@@ -26,5 +26,8 @@ def maxtext_overrides(plan: Plan) -> dict[str, Any]:
       "logits_via_embedding": cfg.tie_word_embeddings,
       "scan_layers": plan.scan_layers,
   }
+  if cfg.tie_word_embeddings:
+    # MaxText divides tied logits by sqrt(emb_dim) by default, which only Gemma's baked sqrt(E) expects.
+    overrides["normalize_embedding_logits"] = False
   overrides.update(plan.family.extra_overrides(cfg) if plan.family.extra_overrides else {})
   return overrides

@@ -31,28 +31,47 @@ class FromTensor:
   tensor: TensorInfo
   ops: tuple[Op, ...]
   dtype: np.dtype
+  shape: Shape
+
+  @property
+  def block_shape(self) -> Shape:
+    return self.shape
 
   def __call__(self) -> np.ndarray:
-    x = read_tensor(self.tensor)
-    x = x.astype(self.dtype)  # Always a copy: the ops below must never see the read-only file map.
+    x = read_tensor(self.tensor, self.dtype)  # A private copy: the ops below never see the file map.
     for op in self.ops:
       x = op(x)
     return x
 
+  def region(self, index: tuple[slice, ...]) -> np.ndarray:
+    return self()[index]
+
 
 @dataclasses.dataclass(frozen=True)
 class Stack:
-  """Loader: parts stacked on a new `axis`, written slice by slice into one preallocated array."""
+  """Loader: parts stacked on a new `axis`; a region loads only the parts it spans."""
 
   parts: tuple[Any, ...]
   axis: int
   shape: Shape
   dtype: np.dtype
 
+  @property
+  def block_shape(self) -> Shape:
+    part_block = tuple(self.parts[0].block_shape)
+    return part_block[: self.axis] + (1,) + part_block[self.axis :]
+
   def __call__(self) -> np.ndarray:
-    out = np.empty(self.shape, dtype=self.dtype)
-    for k, part in enumerate(self.parts):
-      out[(slice(None),) * self.axis + (k,)] = part()
+    return self.region(tuple(slice(0, d) for d in self.shape))
+
+  def region(self, index: tuple[slice, ...]) -> np.ndarray:
+    along = index[self.axis]
+    part_index = index[: self.axis] + index[self.axis + 1 :]
+    ks = range(*along.indices(self.shape[self.axis]))
+    out_shape = tuple(len(range(*s.indices(d))) for s, d in zip(index, self.shape))
+    out = np.empty(out_shape, dtype=self.dtype)
+    for j, k in enumerate(ks):
+      out[(slice(None),) * self.axis + (j,)] = self.parts[k].region(part_index)
     return out
 
 
@@ -133,7 +152,7 @@ class _Sources:
       shape = output_shape(ops, info.shape)
     except ValueError as e:
       raise ConversionError(f"{info.path}: tensor {name!r}: {e}") from e
-    return FromTensor(info, ops, self._dtype), shape
+    return FromTensor(info, ops, self._dtype, shape), shape
 
 
 def _stack(parts: list[tuple[Any, Shape]], axis: int, dtype: np.dtype) -> tuple[Any, Shape]:
@@ -143,7 +162,9 @@ def _stack(parts: list[tuple[Any, Shape]], axis: int, dtype: np.dtype) -> tuple[
 
 
 def _param_loader(sources: _Sources, param: Param, layer: int | None, dtype: np.dtype) -> tuple[Any, Shape, list[str]]:
-  """One layer's (or the top level's) value of `param`: its loader, shape and HF source names."""
+  """One MaxText layer's (or the top level's) value of `param`: its loader, shape and HF source names."""
+  if layer is not None:
+    layer = param.hf_layer(layer)
   if not param.experts:
     name = param.hf.format(layer=layer)
     loader, shape = sources.load(name, param.hf_shape, param.ops)
@@ -155,15 +176,16 @@ def _param_loader(sources: _Sources, param: Param, layer: int | None, dtype: np.
 
 
 def _layer_leaves(sources: _Sources, layout: Layout, scan_layers: bool, dtype: np.dtype) -> Iterator[Leaf]:
-  for param in layout.layer:
-    per_layer = [_param_loader(sources, param, i, dtype) for i in range(layout.num_layers)]
-    if scan_layers:
-      loader, shape = _stack([(p, s) for p, s, _ in per_layer], SCAN_AXIS, dtype)
+  for group in layout.layer_groups(layout.num_layers, scan_layers):
+    for param in layout.layer:
+      per_layer = [_param_loader(sources, param, i, dtype) for i in group.layers]
       names = tuple(n for _, _, ns in per_layer for n in ns)
-      yield Leaf(("decoder", "layers", *param.maxtext.split("/")), shape, dtype, names, loader)
-    else:
-      for i, (loader, shape, names) in enumerate(per_layer):
-        yield Leaf(("decoder", f"layers_{i}", *param.maxtext.split("/")), shape, dtype, tuple(names), loader)
+      path = (*group.path, *param.maxtext.split("/"))
+      if group.stacked:
+        loader, shape = _stack([(p, s) for p, s, _ in per_layer], SCAN_AXIS, dtype)
+      else:
+        (loader, shape, _), = per_layer
+      yield Leaf(path, shape, dtype, names, loader)
 
 
 def _check_tied_embeddings(checkpoint: SafetensorsCheckpoint, config: ModelConfig) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import mmap
 import os
 import struct
 import threading
@@ -106,29 +107,44 @@ def read_header(path: str) -> dict[str, TensorInfo]:
   return tensors
 
 
-_maps: dict[str, np.memmap] = {}
+_maps: dict[str, mmap.mmap] = {}
 _maps_lock = threading.Lock()
+_PAGE = mmap.PAGESIZE
 
 
-def _file_map(path: str) -> np.memmap:
-  """One read-only map per file per process, shared by every tensor and thread."""
+def _file_map(path: str) -> mmap.mmap:
+  """One read-only map per file per process, shared by every tensor and thread (no lock on reads)."""
   mapped = _maps.get(path)
   if mapped is None:
     with _maps_lock:
       mapped = _maps.get(path)
       if mapped is None:
-        mapped = np.memmap(path, dtype=np.uint8, mode="r")
+        with open(path, "rb") as f:
+          mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         _maps[path] = mapped
   return mapped
 
 
-def read_tensor(info: TensorInfo) -> np.ndarray:
-  """The tensor as a read-only array backed by the file map (no copy until someone transforms it)."""
+def read_tensor(info: TensorInfo, dtype: np.dtype | None = None) -> np.ndarray:
+  """A private copy of the tensor, cast to `dtype` (no float32 round trip when the dtypes already match).
+
+  The pages read are dropped from this process right after the copy: they are file-backed and would
+  otherwise count towards its resident memory until the whole checkpoint had been read.
+  """
   try:
-    raw = _file_map(info.path)[info.begin : info.end]
-  except OSError as e:
+    mapped = _file_map(info.path)
+  except (OSError, ValueError) as e:
     raise ConversionError(f"{info.path}: cannot map file to read tensor {info.name!r}: {e}") from e
-  return raw.view(info.dtype).reshape(info.shape)
+  raw = np.frombuffer(mapped, dtype=np.uint8, count=info.nbytes, offset=info.begin)
+  view = raw.view(info.dtype).reshape(info.shape)
+  copy = view.astype(dtype if dtype is not None else info.dtype, copy=True)
+  del raw, view
+  start = info.begin - info.begin % _PAGE
+  try:
+    mapped.madvise(mmap.MADV_DONTNEED, start, info.end - start)
+  except (OSError, ValueError, AttributeError):
+    pass  # Only a memory hint; reading stays correct without it.
+  return copy
 
 
 @dataclasses.dataclass(frozen=True)

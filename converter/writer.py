@@ -13,7 +13,7 @@ import orbax.checkpoint as ocp
 
 from converter.errors import ConversionError
 from converter.plan import Leaf, Plan
-from handlers import ITEMS, LazyTensor, LazyTensorLoadError, lazy_tensor_context
+from handlers import ITEMS, LazyTensor, LazyTensorLoadError, ShardedLazyTensor, lazy_tensor_context, unhandled_leaves
 
 STEP = 0
 
@@ -53,17 +53,28 @@ def _sharding_for(shape: tuple[int, ...], mesh: jax.sharding.Mesh) -> jax.shardi
   return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*spec))
 
 
-def _lazy_tensor(leaf: Leaf) -> LazyTensor:
+def _leaf_name(leaf: Leaf) -> str:
   sources = ", ".join(leaf.sources[:3]) + (" ..." if len(leaf.sources) > 3 else "")
-  return LazyTensor(f"{leaf.name} (from {sources})", leaf.shape, leaf.dtype, leaf.loader)
+  return f"{leaf.name} (from {sources})"
 
 
 def leaf_values(plan: Plan, *, lazy: bool, devices: int) -> dict[str, Any]:
-  """The tree Orbax receives: LazyTensors (lazy, 1 device), ndarrays (eager, 1 device) or sharded jax.Arrays."""
+  """The tree Orbax receives.
+
+  Lazy: `LazyTensor`s (1 device) or `ShardedLazyTensor`s (N devices), streamed into the checkpoint block by
+  block. Eager, the reference arm: every leaf materialised first, as ndarrays or sharded jax.Arrays.
+  """
   if devices == 1:
-    return plan.tree(_lazy_tensor if lazy else (lambda leaf: np.asarray(_lazy_tensor(leaf))))
+    if lazy:
+      return plan.tree(lambda leaf: LazyTensor(_leaf_name(leaf), leaf.shape, leaf.dtype, leaf.loader))
+    return plan.tree(lambda leaf: LazyTensor(_leaf_name(leaf), leaf.shape, leaf.dtype, leaf.loader).materialize())
   mesh = jax.sharding.Mesh(np.array(jax.devices()[:devices]), ("devices",))
-  return plan.tree(lambda leaf: jax.device_put(np.asarray(_lazy_tensor(leaf)), _sharding_for(leaf.shape, mesh)))
+
+  def sharded(leaf: Leaf) -> Any:
+    value = ShardedLazyTensor(_leaf_name(leaf), leaf.shape, leaf.dtype, leaf.loader, _sharding_for(leaf.shape, mesh))
+    return value if lazy else jax.device_put(value.materialize(), value.sharding)
+
+  return plan.tree(sharded)
 
 
 def save(
@@ -78,18 +89,19 @@ def save(
   """Saves `plan` as step 0 of `output_dir`; returns the items path MaxText loads."""
   try:
     tree = leaf_values(plan, lazy=lazy, devices=devices)
+    unhandled = unhandled_leaves(tree)
+    if unhandled:
+      raise ConversionError(f"{output_dir}: no Orbax leaf handler for: {'; '.join(unhandled[:5])}")
     checkpointer = ocp.v1.training.Checkpointer(output_dir, context=lazy_tensor_context(max_inflight_bytes))
     try:
       checkpointer.save_checkpointables(STEP, {ITEMS: tree}, custom_metadata=dict(custom_metadata))
     finally:
       checkpointer.close()
-  except LazyTensorLoadError as e:
+  except BaseException as e:
     _remove_unfinished(output_dir)
-    raise ConversionError(str(e)) from e
-  except OSError as e:
-    _remove_unfinished(output_dir)
-    raise ConversionError(f"{output_dir}: writing the checkpoint failed: {e}") from e
-  except BaseException:
-    _remove_unfinished(output_dir)
+    if isinstance(e, LazyTensorLoadError):
+      raise ConversionError(str(e)) from e
+    if isinstance(e, OSError):
+      raise ConversionError(f"{output_dir}: writing the checkpoint failed: {e}") from e
     raise
   return os.path.join(step_dir(output_dir), ITEMS)

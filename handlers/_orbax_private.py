@@ -1,15 +1,30 @@
 """The Orbax internals this package needs, imported in one place.
 
-orbax-checkpoint 0.12.8 exposes no public path to the v1 leaf-handler registry or to the numpy leaf handler:
-`ocp.v1.serialization` and `PyTreeOptions.leaf_handler_registry` were removed upstream in May 2026, while
-`ocp.v1.handlers.PyTreeHandler(leaf_handler_registry=...)` still takes one. When Orbax publishes these again,
-this module is the only file to change.
+orbax-checkpoint 0.12.8 exposes no public path to the v1 leaf-handler registry, to the numpy and array leaf
+handlers, or to the pieces a handler needs to write an array itself (the tensorstore write spec, the sharding
+file, the commit future): `ocp.v1.serialization` and `PyTreeOptions.leaf_handler_registry` were removed
+upstream in May 2026, while `ocp.v1.handlers.PyTreeHandler(leaf_handler_registry=...)` still takes one. When
+Orbax publishes these again, this module is the only file to change.
 """
 
+from orbax.checkpoint._src.futures import future as _future
+from orbax.checkpoint._src.serialization import jax_array_handlers as _jax_array_handlers
+from orbax.checkpoint._src.serialization import ocdbt_utils as _ocdbt_utils
+from orbax.checkpoint._src.serialization import tensorstore_utils as _ts_utils
+from orbax.checkpoint.experimental.v1._src.serialization import array_leaf_handler as _array_leaf_handler
 from orbax.checkpoint.experimental.v1._src.serialization import numpy_leaf_handler as _numpy_leaf_handler
 from orbax.checkpoint.experimental.v1._src.serialization import registry as _registry
+from orbax.checkpoint.experimental.v1._src.serialization import types as _types
 
 NumpyLeafHandler = _numpy_leaf_handler.NumpyLeafHandler
 NumpyShapeDtype = _numpy_leaf_handler.NumpyShapeDtype
+ArrayLeafHandler = _array_leaf_handler.ArrayLeafHandler
+AbstractShardedArray = _types.AbstractShardedArray
 StandardLeafHandlerRegistry = _registry.StandardLeafHandlerRegistry
 UnregisteredTypeError = _registry.UnregisteredTypeError
+
+CommitFuture = _future.CommitFutureAwaitingContractedSignals
+build_array_write_spec = _ts_utils.build_array_write_spec
+process_index_for_subdir = _ocdbt_utils.get_process_index_for_subdir
+# Writes the per-leaf `_sharding` entries exactly as Orbax's own ArrayHandler does.
+serialize_shardings = _jax_array_handlers._async_serialize_shardings  # pylint: disable=protected-access

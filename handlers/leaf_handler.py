@@ -1,81 +1,119 @@
-"""Orbax v1 leaf handler that writes `LazyTensor`s as ordinary numpy arrays, a byte budget at a time."""
+"""Orbax v1 leaf handlers that stream `LazyTensor`s into the checkpoint, recorded as ordinary arrays.
+
+Orbax's own handlers take every leaf of a type in one `serialize` call and need each one whole in memory
+(the numpy handler even deep-copies it), so the straightforward handler holds the model twice over. These
+handlers keep Orbax's on-disk format (the same tensorstore specs, `_sharding` entries and array metadata) but
+write each leaf block by block from its loader, at most `max_inflight_bytes` of blocks at a time.
+
+`LazyTensor` leaves are recorded as "np.ndarray", `ShardedLazyTensor` leaves as "jax.Array": the typestr in
+`_METADATA` is what every reader dispatches on, so v0 and v1 readers (and MaxText) restore them as usual.
+"""
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-from typing import Any, Awaitable, Iterator, Sequence
-
-import numpy as np
+from typing import Any, Sequence
 
 from handlers import _orbax_private
-from handlers.lazy_tensor import LazyTensor
+from handlers.lazy_tensor import LazyTensor, ShardedLazyTensor
+from handlers.streaming import write_lazy_tensors
 
-DEFAULT_MAX_INFLIGHT_BYTES = 1 << 30
+DEFAULT_MAX_INFLIGHT_BYTES = 512 << 20
 
-# The typestr recorded in `_METADATA` for every LazyTensor leaf. Orbax records the first secondary typestr of
-# the handler; without this it records the handler's class path and no v0 reader can restore the leaf.
 NUMPY_TYPESTR = "np.ndarray"
+JAX_ARRAY_TYPESTR = "jax.Array"
 
 
-def batches_under_budget(params: Sequence[Any], max_bytes: int) -> Iterator[list[Any]]:
-  """Groups params in order so that each group's LazyTensors total at most `max_bytes` (one leaf if larger)."""
-  batch, batch_bytes = [], 0
-  for param in params:
-    nbytes = param.value.nbytes
-    if batch and batch_bytes + nbytes > max_bytes:
-      yield batch
-      batch, batch_bytes = [], 0
-    batch.append(param)
-    batch_bytes += nbytes
-  if batch:
-    yield batch
+@dataclasses.dataclass
+class ShardedShapeDtype(_orbax_private.AbstractShardedArray):
+  """The abstract type of `ShardedLazyTensor`.
+
+  Registering with Orbax's own `AbstractShardedArray` and `override=True` would evict the jax.Array entry
+  from the registry, so plain jax.Array leaves could no longer be saved beside ours.
+  """
+
+  shape: tuple[int, ...] | None
+  dtype: Any | None
+  sharding: Any | None = None
+
+
+class _StreamingWrites:
+  """A v0 type handler that writes LazyTensors itself and leaves everything else to Orbax's handler."""
+
+  def __init__(self, base: Any, max_inflight_bytes: int, *, sharded: bool):
+    self._base = base
+    self._max_inflight_bytes = max_inflight_bytes
+    self._sharded = sharded
+
+  def __getattr__(self, name: str) -> Any:
+    return getattr(self._base, name)
+
+  async def serialize(self, values: Sequence[LazyTensor], infos: Sequence[Any], args: Sequence[Any] | None = None):
+    from orbax.checkpoint import type_handlers  # pylint: disable=g-import-not-at-top
+
+    args = args or [type_handlers.SaveArgs()] * len(values)
+    futures = []
+    if self._sharded:
+      futures.append(_orbax_private.CommitFuture(
+          _orbax_private.serialize_shardings([v.sharding for v in values], infos, primary_host=0),
+          name="lazy_tensor_shardings",
+      ))
+    futures.append(_orbax_private.CommitFuture(self._write(values, infos, args), name="lazy_tensor_writes"))
+    return futures
+
+  async def _write(self, values: Sequence[LazyTensor], infos: Sequence[Any], args: Sequence[Any]) -> None:
+    metadatas = await write_lazy_tensors(
+        values, infos, args, max_inflight_bytes=self._max_inflight_bytes,
+        metadata_key=getattr(self._base, "_metadata_key", None),
+    )
+    store = getattr(self._base, "_array_metadata_store", None) if self._sharded else None
+    if store is not None:
+      await store.write(checkpoint_dir=infos[0].parent_dir, array_metadatas=metadatas, process_index=0)
 
 
 class LazyTensorLeafHandler(_orbax_private.NumpyLeafHandler):
-  """Materialises `LazyTensor` leaves to their declared dtype and defers the write to the numpy handler.
-
-  Orbax hands a leaf handler every leaf of its type in one `serialize` call. Materialising them all there
-  would hold the whole model in memory twice over (Orbax's numpy path deep-copies each array), so the values
-  are produced and written in the background, a batch of at most `max_inflight_bytes` at a time.
-  """
+  """`LazyTensor` leaves, written by streaming and recorded as numpy arrays."""
 
   max_inflight_bytes: int = DEFAULT_MAX_INFLIGHT_BYTES
 
-  async def serialize(self, params: Sequence[Any], serialization_context: Any) -> Awaitable[None]:
-    return self._write_in_batches(list(params), serialization_context)
-
-  async def _write_in_batches(self, params: list[Any], serialization_context: Any) -> None:
-    parent_serialize = super().serialize
-    for batch in batches_under_budget(params, self.max_inflight_bytes):
-      arrays = await asyncio.gather(*(asyncio.to_thread(np.asarray, p.value) for p in batch))
-      written = await parent_serialize(
-          [dataclasses.replace(p, value=a) for p, a in zip(batch, arrays)], serialization_context
-      )
-      del arrays
-      await written
+  def __init__(self, *, context: Any = None):
+    super().__init__(context=context)
+    self._handler_impl = _StreamingWrites(self._handler_impl, self.max_inflight_bytes, sharded=False)
 
 
-def leaf_handler_with_budget(max_inflight_bytes: int) -> type[LazyTensorLeafHandler]:
+class ShardedLazyTensorLeafHandler(_orbax_private.ArrayLeafHandler):
+  """`ShardedLazyTensor` leaves, written by streaming and recorded as sharded jax.Arrays."""
+
+  max_inflight_bytes: int = DEFAULT_MAX_INFLIGHT_BYTES
+
+  def __init__(self, *, context: Any = None):
+    super().__init__(context=context)
+    self._handler_impl = _StreamingWrites(self._handler_impl, self.max_inflight_bytes, sharded=True)
+
+
+def _with_budget(handler: type, max_inflight_bytes: int) -> type:
   """A handler class with its own budget: Orbax instantiates handler classes itself, with only a context."""
-  if max_inflight_bytes == LazyTensorLeafHandler.max_inflight_bytes:
-    return LazyTensorLeafHandler
-  return type(
-      LazyTensorLeafHandler.__name__,
-      (LazyTensorLeafHandler,),
-      {"max_inflight_bytes": int(max_inflight_bytes), "__module__": __name__},
-  )
+  if max_inflight_bytes == handler.max_inflight_bytes:
+    return handler
+  return type(handler.__name__, (handler,), {"max_inflight_bytes": int(max_inflight_bytes), "__module__": __name__})
 
 
 def add_lazy_tensor_leaf_handler(
     leaf_registry: Any, max_inflight_bytes: int = DEFAULT_MAX_INFLIGHT_BYTES
 ) -> Any:
-  """Registers `LazyTensor` on `leaf_registry` so a v1 save writes it as `np.ndarray`, v0 and v1 readable."""
+  """Registers `LazyTensor` (as "np.ndarray") and `ShardedLazyTensor` (as "jax.Array") on `leaf_registry`."""
   leaf_registry.add(
       LazyTensor,
       _orbax_private.NumpyShapeDtype,
-      leaf_handler_with_budget(max_inflight_bytes),
+      _with_budget(LazyTensorLeafHandler, max_inflight_bytes),
       override=True,
       secondary_typestrs=[NUMPY_TYPESTR],
+  )
+  leaf_registry.add(
+      ShardedLazyTensor,
+      ShardedShapeDtype,
+      _with_budget(ShardedLazyTensorLeafHandler, max_inflight_bytes),
+      override=True,
+      secondary_typestrs=[JAX_ARRAY_TYPESTR],
   )
   return leaf_registry

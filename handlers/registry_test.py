@@ -15,10 +15,9 @@ import orbax.checkpoint as ocp
 from absl.testing import absltest
 
 from handlers import (  # pylint: disable=g-import-not-at-top
-    ITEMS, LazyTensor, LazyTensorLeafHandler, build_lazy_tensor_checkpointables_registry, lazy_tensor_context,
+    ITEMS, LazyTensor, LazyTensorLeafHandler, ShardedLazyTensor, build_lazy_tensor_checkpointables_registry, lazy_tensor_context,
 )
 from handlers import _orbax_private
-from handlers.leaf_handler import batches_under_budget
 
 
 def _values(seed, shape):
@@ -88,6 +87,10 @@ class RegistryTest(absltest.TestCase):
     self.assertTrue(handler.is_handleable(_tree()))
     self.assertEqual(leaf_registry.get_secondary_typestrs(leaf_registry.get(LazyTensor)), ["np.ndarray"])
     self.assertTrue(issubclass(leaf_registry.get(LazyTensor), LazyTensorLeafHandler))
+    self.assertEqual(leaf_registry.get_secondary_typestrs(leaf_registry.get(ShardedLazyTensor)), ["jax.Array"])
+    # Plain arrays still have their own handlers beside ours.
+    self.assertTrue(leaf_registry.is_handleable(np.ndarray))
+    self.assertTrue(leaf_registry.is_handleable(jax.Array))
 
   def test_v0_registration_saves_lazy_tensors(self):
     out = os.path.join(_tmpdir(), "v0")
@@ -95,14 +98,6 @@ class RegistryTest(absltest.TestCase):
     restored = ocp.PyTreeCheckpointer().restore(out)["params"]
     for name, expected in self._expected().items():
       self.assertEqual(restored[name].tobytes(), expected.tobytes(), name)
-
-  def test_batches_respect_budget_and_order(self):
-    class P:
-      def __init__(self, nbytes):
-        self.value = type("V", (), {"nbytes": nbytes})()
-    params = [P(n) for n in (4, 4, 9, 1, 1, 1)]
-    batches = [[p.value.nbytes for p in b] for b in batches_under_budget(params, 8)]
-    self.assertEqual(batches, [[4, 4], [9], [1, 1, 1]])
 
 
 if __name__ == "__main__":

@@ -6,26 +6,17 @@ tests that need deliberately broken files.
 
 from __future__ import annotations
 
-import json
-import struct
 from typing import Mapping
 
 import numpy as np
 
-from converter.safetensors_reader import SAFETENSORS_DTYPES
-
-_CODES = {dtype: code for code, dtype in SAFETENSORS_DTYPES.items()}
+from converter.to_huggingface import TensorSpec
+from converter.to_huggingface import safetensors_header as _header
 
 
 def safetensors_header(tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str] | None = None) -> bytes:
-  header: dict = {"__metadata__": dict(metadata or {"format": "pt"})}
-  offset = 0
-  for name, array in tensors.items():
-    header[name] = {"dtype": _CODES[array.dtype], "shape": list(array.shape), "data_offsets": [offset, offset + array.nbytes]}
-    offset += array.nbytes
-  raw = json.dumps(header, separators=(",", ":")).encode()
-  raw += b" " * (-len(raw) % 8)
-  return struct.pack("<Q", len(raw)) + raw
+  """The header for `tensors` written back to back in order (the converter's own builder, from arrays)."""
+  return _header([TensorSpec(name, tuple(a.shape), a.dtype) for name, a in tensors.items()], metadata)
 
 
 def write_safetensors(path: str, tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str] | None = None) -> None:

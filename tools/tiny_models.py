@@ -70,6 +70,19 @@ def _qwen3_moe() -> TinyModelSpec:
   )
 
 
+def _qwen3_30b_a3b_tiny() -> TinyModelSpec:
+  """Qwen3-30B-A3B's structure at reduced size: 48 -> 4 layers, 128 -> 8 experts (top 8 -> top 2), hidden 2048 ->
+  128, 32 -> 8 query and 4 -> 2 KV heads of head_dim 128 -> 32 (so H*D = 2 * hidden, as in the original),
+  moe_intermediate 768 -> 48, vocab 151936 -> 512; norm_topk_prob true, every layer sparse, untied."""
+  return TinyModelSpec(
+      "Qwen3MoeConfig", "Qwen3MoeForCausalLM",
+      dict(hidden_size=128, num_hidden_layers=4, vocab_size=512, num_attention_heads=8, num_key_value_heads=2,
+           head_dim=32, intermediate_size=384, moe_intermediate_size=48, num_experts=8, num_experts_per_tok=2,
+           norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], rope_theta=1e6,
+           max_position_embeddings=512, rms_norm_eps=1e-6, tie_word_embeddings=False),
+  )
+
+
 def _mixtral() -> TinyModelSpec:
   return TinyModelSpec(
       "MixtralConfig", "MixtralForCausalLM",
@@ -87,6 +100,7 @@ TINY_MODELS: dict[str, Callable[[], TinyModelSpec]] = {
     "qwen2": _qwen2,
     "qwen3_moe": _qwen3_moe,
     "mixtral": _mixtral,
+    "qwen3_30b_a3b_tiny": _qwen3_30b_a3b_tiny,
 }
 
 

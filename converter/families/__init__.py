@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from converter.errors import ConversionError
 from converter.families import llama, mistral, mixtral, qwen2, qwen3, qwen3_moe
-from converter.families.base import DecoderSemantics, Family, Layout, Param
+from converter.families.base import DecoderSemantics, Family, LayerGroup, Layout, Param
 
 FAMILIES: tuple[Family, ...] = (
     llama.FAMILY,
@@ -48,5 +48,5 @@ def resolve_target(family: Family, config_path: str, target_model: str | None, i
   return target_model
 
 
-__all__ = ["FAMILIES", "DecoderSemantics", "Family", "Layout", "Param", "family_by_name", "family_for_architecture",
+__all__ = ["FAMILIES", "DecoderSemantics", "Family", "LayerGroup", "Layout", "Param", "family_by_name", "family_for_architecture",
            "resolve_target", "supported_architectures"]

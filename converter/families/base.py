@@ -28,6 +28,11 @@ class Param:
   hf_shape: Shape
   ops: tuple[Op, ...] = ()
   experts: int = 0
+  layer_stride: int = 1  # MaxText layer i reads HF layer i * layer_stride + layer_offset (Gemma2 pairs).
+  layer_offset: int = 0
+
+  def hf_layer(self, layer: int) -> int:
+    return layer * self.layer_stride + self.layer_offset
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,10 +49,27 @@ class DecoderSemantics:
 
 
 @dataclasses.dataclass(frozen=True)
+class LayerGroup:
+  """Where MaxText keeps some decoder layers: one stacked subtree (layers on the scan axis) or one layer."""
+
+  path: tuple[str, ...]
+  layers: tuple[int, ...]
+  stacked: bool
+
+
+def standard_layer_groups(num_layers: int, scan_layers: bool) -> list[LayerGroup]:
+  """`decoder/layers` with every layer on the scan axis, or `decoder/layers_{i}`."""
+  if scan_layers:
+    return [LayerGroup(("decoder", "layers"), tuple(range(num_layers)), True)]
+  return [LayerGroup(("decoder", f"layers_{i}"), (i,), False) for i in range(num_layers)]
+
+
+@dataclasses.dataclass(frozen=True)
 class Layout:
   top: tuple[Param, ...]
   layer: tuple[Param, ...]
-  num_layers: int
+  num_layers: int  # MaxText decoder layers (Gemma2's hold two HF layers each).
+  layer_groups: Callable[[int, bool], list[LayerGroup]] = standard_layer_groups
 
 
 @dataclasses.dataclass(frozen=True)

@@ -52,4 +52,5 @@ FAMILY = Family(
     semantics=_semantics,
     layout=common.dense_decoder,
     check=_check,
+    extra_overrides=lambda cfg: {"rope_use_scale": bool(rope_scaling(cfg))},
 )

@@ -11,4 +11,5 @@ FAMILY = Family(
     semantics=lambda cfg, target: DecoderSemantics(attention_bias=True),
     layout=common.dense_decoder,
     check=common.no_sliding_window,
+    extra_overrides=lambda cfg: {"attention_bias": True},
 )

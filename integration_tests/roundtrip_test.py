@@ -1,0 +1,296 @@
+"""HF -> MaxText -> HF with the real converter binary, for every tiny model in tools/tiny_models.TINY_MODELS.
+
+Each round trip must give back the original checkpoint: the same tensor names, shapes and dtypes, the same bytes
+wherever every transform is exact, and the same logits through transformers. Float32 cells: everything is
+bit-identical except query kernels whose 1/sqrt(head_dim) scale MaxText bakes in (llama, mistral, mixtral
+targets), which come back within one float32 ulp (measured: ~87% of their elements bit-identical at head_dim 40).
+
+Grid: devices {1, 16} x scan {on, off} x lazy {on, off} for qwen3, qwen3_moe and llama3.1, and devices {1, 16} x
+scan {on, off} with lazy on for the other models (lazy only changes how the forward direction reads HF tensors).
+Plus a bfloat16 cell per model, the Qwen3-30B-A3B structure at reduced size, and the ways the reverse direction
+must fail cleanly.
+"""
+
+from __future__ import annotations
+
+import glob
+import itertools
+import json
+import os
+import shutil
+import sys
+
+from absl.testing import absltest, parameterized
+
+from integration_tests import harness
+
+harness.start_jax()
+
+import ml_dtypes  # pylint: disable=g-import-not-at-top,g-bad-import-order
+import numpy as np  # pylint: disable=g-import-not-at-top,g-bad-import-order
+
+from converter import to_huggingface  # pylint: disable=g-import-not-at-top
+from converter.checkpoint_reader import CheckpointReader  # pylint: disable=g-import-not-at-top
+from tools import tiny_models, validate_lib  # pylint: disable=g-import-not-at-top
+
+FULL_GRID_MODELS = ("qwen3", "qwen3_moe", "llama3.1")
+QWEN3_30B_A3B = "qwen3_30b_a3b_tiny"  # Has its own test below, by name.
+FLOAT32_MAX_LOGITS_DIFF = 1e-4
+# bfloat16 query kernels come back within one bf16 ulp (~13% of their elements off by exactly one ulp); the
+# logits of the two bf16 models, computed in float32, then differ by this much at most (measured: <= 3e-3).
+BFLOAT16_MAX_LOGITS_DIFF = 2e-2
+# Only the query projection is scaled in float arithmetic by today's families (a Gemma family would add its
+# `1 + w` norms here).
+INEXACT_ALLOWED = r"\.q_proj\.(weight|bias)$"
+
+
+def _grid():
+  for model in tiny_models.TINY_MODELS:
+    if model == QWEN3_30B_A3B:
+      continue
+    lazies = (True, False) if model in FULL_GRID_MODELS else (True,)
+    for devices, scan, lazy in itertools.product((1, 16), (True, False), lazies):
+      yield dict(testcase_name=f"{model}_devices{devices}_{'scan' if scan else 'noscan'}_{'lazy' if lazy else 'eager'}",
+                 model=model, devices=devices, scan=scan, lazy=lazy)
+
+
+_models: dict[tuple[str, str], tuple[str, np.ndarray]] = {}
+
+
+def tiny_model(name: str, dtype: str = "float32") -> tuple[str, np.ndarray]:
+  """The model's directory and transformers' logits for it (in float32 arithmetic), built once per process."""
+  if (name, dtype) not in _models:
+    model_dir = tiny_models.build_tiny_model(name, harness.scratch_dir(f"{name}-{dtype}-hf-"), dtype=dtype)
+    _models[(name, dtype)] = (model_dir, _logits(model_dir))
+  return _models[(name, dtype)]
+
+
+def _logits(model_dir: str) -> np.ndarray:
+  with open(os.path.join(model_dir, "config.json")) as f:
+    vocab_size = json.load(f)["vocab_size"]
+  return validate_lib.reference_logits(model_dir, validate_lib.token_ids(vocab_size, 2, 32, 0))
+
+
+def load_tensors(model_dir: str) -> dict[str, np.ndarray]:
+  from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
+
+  tensors: dict[str, np.ndarray] = {}
+  for path in sorted(glob.glob(os.path.join(model_dir, "*.safetensors"))):
+    tensors.update(load_file(path))
+  return tensors
+
+
+def to_maxtext(model_dir: str, *flags: str) -> str:
+  out = harness.scratch_dir("mt-")
+  harness.run_converter(f"--hf_model_path={model_dir}", f"--output_dir={out}", *flags)
+  return os.path.join(out, "0", "items")
+
+
+def to_hf(items: str, *flags: str) -> str:
+  out = os.path.join(harness.scratch_dir("back-"), "hf")
+  harness.run_converter("--direction=to_huggingface", f"--checkpoint_path={items}", f"--output_dir={out}", *flags)
+  return out
+
+
+def ulps(x: np.ndarray, reference: np.ndarray) -> np.ndarray:
+  """|x - reference| in units in the last place of `reference`, in `reference`'s dtype."""
+  wide = reference.astype(np.float32)
+  spacing = np.spacing(np.abs(wide))
+  if reference.dtype == np.dtype(ml_dtypes.bfloat16):
+    spacing = spacing * 2.0**16  # bfloat16 keeps 16 fewer significand bits than float32 (normal numbers).
+  return np.abs(x.astype(np.float32) - wide) / spacing
+
+
+class RoundTripTest(parameterized.TestCase):
+
+  def assert_round_trip(self, original_dir: str, items: str, back_dir: str) -> dict[str, float]:
+    """Names, shapes, dtypes and bytes of `back_dir` against `original_dir`; returns stats of inexact tensors."""
+    original, back = load_tensors(original_dir), load_tensors(back_dir)
+    self.assertEqual(sorted(back), sorted(original))
+    inexact = set(to_huggingface.plan_to_huggingface(items).inexact_tensors)
+    for name in inexact:
+      self.assertRegex(name, INEXACT_ALLOWED)
+    worst_ulps, identical, elements = 0.0, 0, 0
+    for name, reference in original.items():
+      value = back[name]
+      self.assertEqual((value.dtype, value.shape), (reference.dtype, reference.shape), name)
+      if name not in inexact:
+        self.assertEqual(value.tobytes(), reference.tobytes(), f"{name} is not bit-identical")
+        continue
+      # ScaleInFloat32 then DivideInFloat32: at most one ulp off (ops.DivideInFloat32), in float32 and bfloat16.
+      error = ulps(value, reference)
+      self.assertLessEqual(float(error.max()), 1.0, name)
+      worst_ulps = max(worst_ulps, float(error.max()))
+      identical += int(np.sum(value.astype(np.float32) == reference.astype(np.float32)))
+      elements += value.size
+    return {"inexact_tensors": len(inexact), "max_ulps": worst_ulps,
+            "bit_identical_fraction": identical / elements if elements else 1.0}
+
+  def assert_config(self, original_dir: str, back_dir: str, dtype: str) -> None:
+    with open(os.path.join(original_dir, "config.json")) as f:
+      original = json.load(f)
+    with open(os.path.join(back_dir, "config.json")) as f:
+      back = json.load(f)
+    self.assertEqual((back.pop("dtype"), back.pop("torch_dtype")), (dtype, dtype))
+    original.pop("dtype", None)
+    original.pop("torch_dtype", None)
+    self.assertEqual(back, original)
+
+  def assert_layout(self, back_dir: str, sharded: bool) -> None:
+    files = sorted(os.listdir(back_dir))
+    if not sharded:
+      self.assertEqual(files, ["config.json", "model.safetensors"])
+      return
+    shards = [f for f in files if f.endswith(".safetensors")]
+    self.assertGreater(len(shards), 1)
+    self.assertEqual(shards, [f"model-{i:05d}-of-{len(shards):05d}.safetensors" for i in range(1, len(shards) + 1)])
+    with open(os.path.join(back_dir, "model.safetensors.index.json")) as f:
+      index = json.load(f)
+    tensors = load_tensors(back_dir)
+    self.assertEqual(index["metadata"]["total_size"], sum(t.nbytes for t in tensors.values()))
+    self.assertEqual(sorted(index["weight_map"]), sorted(tensors))
+    from safetensors import safe_open  # pylint: disable=g-import-not-at-top
+
+    for shard in shards:
+      with safe_open(os.path.join(back_dir, shard), "np") as f:
+        self.assertTrue(all(index["weight_map"][name] == shard for name in f.keys()))
+    self.assertEqual(os.listdir(os.path.dirname(back_dir)), ["hf"])  # No staging directory left behind.
+
+  @parameterized.named_parameters(*_grid())
+  def test_float32_round_trip(self, model, devices, scan, lazy):
+    model_dir, reference = tiny_model(model)
+    items = to_maxtext(model_dir, "--save_dtype=float32", f"--simulated_cpu_devices_count={devices}",
+                       f"--scan_layers={scan}", f"--lazy_load_tensors={lazy}")
+    sharded = devices == 16  # 16-device cells also exercise --max_shard_size (several shards + index).
+    back = to_hf(items, *(["--max_shard_size=1MB"] if sharded else []))
+    stats = self.assert_round_trip(model_dir, items, back)
+    self.assert_config(model_dir, back, "float32")
+    self.assert_layout(back, sharded)
+    diff = float(np.max(np.abs(_logits(back) - reference)))
+    print(f"{self._testMethodName}: logits max|diff| {diff:.3g}, {stats}", file=sys.stderr)
+    self.assertLessEqual(diff, FLOAT32_MAX_LOGITS_DIFF)
+
+  @parameterized.named_parameters(
+      *[dict(testcase_name=m, model=m) for m in tiny_models.TINY_MODELS if m != QWEN3_30B_A3B])
+  def test_bfloat16_round_trip(self, model):
+    model_dir, reference = tiny_model(model, "bfloat16")
+    items = to_maxtext(model_dir, "--save_dtype=bfloat16", "--simulated_cpu_devices_count=16")
+    back = to_hf(items)
+    stats = self.assert_round_trip(model_dir, items, back)
+    self.assert_config(model_dir, back, "bfloat16")
+    diff = float(np.max(np.abs(_logits(back) - reference)))
+    print(f"{self._testMethodName}: logits max|diff| {diff:.3g}, {stats}", file=sys.stderr)
+    self.assertLessEqual(diff, BFLOAT16_MAX_LOGITS_DIFF if stats["inexact_tensors"] else 0.0)
+
+  @parameterized.named_parameters(
+      *[dict(testcase_name=f"devices{d}_{'scan' if s else 'noscan'}", devices=d, scan=s)
+        for d, s in itertools.product((1, 16), (True, False))])
+  def test_qwen3_30b_a3b_roundtrip_conversion(self, devices, scan):
+    model_dir, reference = tiny_model(QWEN3_30B_A3B)
+    items = to_maxtext(model_dir, "--save_dtype=float32", f"--simulated_cpu_devices_count={devices}",
+                       f"--scan_layers={scan}")
+    # The MaxText side has the 30B-A3B layout: experts first, then (scanned) layers.
+    arrays = {"/".join(k[2:]): a.shape for k, a in CheckpointReader(items).arrays.items()}
+    if scan:
+      self.assertEqual(arrays["decoder/layers/moe_block/wi_0"], (8, 4, 128, 48))
+      self.assertEqual(arrays["decoder/layers/moe_block/wo"], (8, 4, 48, 128))
+      self.assertEqual(arrays["decoder/layers/self_attention/query/kernel"], (128, 4, 8, 32))
+    else:
+      self.assertEqual(arrays["decoder/layers_3/moe_block/wi_1"], (8, 128, 48))
+      self.assertEqual(arrays["decoder/layers_3/moe_block/gate/kernel"], (128, 8))
+    back = to_hf(items, "--max_shard_size=500KB")
+    stats = self.assert_round_trip(model_dir, items, back)
+    self.assertEqual(stats["inexact_tensors"], 0)  # Qwen3 scales queries at run time: everything bit-identical.
+    self.assert_config(model_dir, back, "float32")
+    self.assert_layout(back, sharded=True)
+    diff = float(np.max(np.abs(_logits(back) - reference)))
+    self.assertLessEqual(diff, FLOAT32_MAX_LOGITS_DIFF)
+    self.assertEqual(diff, 0.0)  # Same bytes, same program: the logits are identical, not just close.
+
+  # --- failing cleanly ------------------------------------------------------------------------------------------
+
+  def checkpoint_copy(self, model: str = "qwen3") -> str:
+    """A private copy of a converted checkpoint (its metadata or data can then be damaged)."""
+    model_dir, _ = tiny_model(model)
+    items = to_maxtext(model_dir, "--save_dtype=float32", "--simulated_cpu_devices_count=1")
+    copy = os.path.join(harness.scratch_dir("copy-"), "ckpt")
+    shutil.copytree(os.path.dirname(os.path.dirname(items)), copy)
+    return os.path.join(copy, "0", "items")
+
+  def assert_fails_leaving_nothing(self, items: str, *flags: str, expect: tuple[str, ...]) -> str:
+    parent = harness.scratch_dir("failed-")
+    out = os.path.join(parent, "hf")
+    result = harness.run_converter("--direction=to_huggingface", f"--checkpoint_path={items}",
+                                   f"--output_dir={out}", *flags, check=False)
+    self.assertEqual(result.returncode, 1, result.stderr[-2000:])
+    for text in expect:
+      self.assertIn(text, result.stderr)
+    self.assertEqual(os.listdir(parent), [])  # Neither the output nor a staging directory.
+    return result.stderr
+
+  def test_checkpoint_without_hf_config_needs_hf_config_path(self):
+    model_dir, reference = tiny_model("qwen3")
+    items = self.checkpoint_copy()
+    metadata_path = os.path.join(os.path.dirname(items), "_CHECKPOINT_METADATA")
+    with open(metadata_path) as f:
+      metadata = json.load(f)
+    del metadata["custom_metadata"]["hf2maxtext"]["hf_config"]
+    with open(metadata_path, "w") as f:
+      json.dump(metadata, f)
+    self.assert_fails_leaving_nothing(items, expect=("--hf_config_path", "_CHECKPOINT_METADATA"))
+    back = to_hf(items, f"--hf_config_path={model_dir}/config.json")
+    self.assert_round_trip(model_dir, items, back)
+    self.assertLessEqual(float(np.max(np.abs(_logits(back) - reference))), FLOAT32_MAX_LOGITS_DIFF)
+
+  def test_damaged_array_data_fails_naming_the_leaf(self):
+    items = self.checkpoint_copy()
+    data_files = [p for p in glob.glob(os.path.join(items, "**", "d", "*"), recursive=True) if os.path.isfile(p)]
+    self.assertTrue(data_files)
+    for path in data_files:  # Zero every data file: chunks fail their checksum or decompression.
+      size = os.path.getsize(path)
+      with open(path, "r+b") as f:
+        f.write(b"\0" * size)
+    self.assert_fails_leaving_nothing(items, expect=("error:", "leaf"))
+
+  def test_wrong_family_is_refused(self):
+    items = self.checkpoint_copy()
+    self.assert_fails_leaving_nothing(items, "--family=llama", expect=("Qwen3ForCausalLM", "llama"))
+
+  def test_existing_output_needs_overwrite(self):
+    model_dir, _ = tiny_model("qwen3")
+    items = self.checkpoint_copy()
+    out = os.path.join(harness.scratch_dir("existing-"), "hf")
+    os.makedirs(out)
+    with open(os.path.join(out, "keep.txt"), "w") as f:
+      f.write("x")
+    result = harness.run_converter("--direction=to_huggingface", f"--checkpoint_path={items}", f"--output_dir={out}",
+                                   check=False)
+    self.assertEqual(result.returncode, 1, result.stderr[-2000:])
+    self.assertIn("--overwrite", result.stderr)
+    self.assertEqual(os.listdir(out), ["keep.txt"])
+    harness.run_converter("--direction=to_huggingface", f"--checkpoint_path={items}", f"--output_dir={out}",
+                          "--overwrite")
+    self.assertEqual(sorted(os.listdir(out)), ["config.json", "model.safetensors"])
+    self.assertEqual(sorted(load_tensors(out)), sorted(load_tensors(model_dir)))
+
+  def test_direction_flags_are_validated(self):
+    result = harness.run_converter("--direction=to_huggingface", "--output_dir=/tmp/unused", check=False)
+    self.assertNotEqual(result.returncode, 0)
+    self.assertIn("--checkpoint_path", result.stderr)
+    result = harness.run_converter("--output_dir=/tmp/unused", check=False)
+    self.assertNotEqual(result.returncode, 0)
+    self.assertIn("--hf_model_path", result.stderr)
+
+  def test_max_shard_size_parsing(self):
+    self.assertEqual(to_huggingface.parse_size("5GB"), 5 * 10**9)
+    self.assertEqual(to_huggingface.parse_size("500MB"), 500 * 10**6)
+    self.assertEqual(to_huggingface.parse_size("2GiB"), 2 * 2**30)
+    self.assertEqual(to_huggingface.parse_size("1.5 kb"), 1500)
+    self.assertEqual(to_huggingface.parse_size(12345), 12345)
+    for bad in ("", "5XB", "-1GB", "0"):
+      with self.assertRaises(to_huggingface.ConversionError):
+        to_huggingface.parse_size(bad)
+
+
+if __name__ == "__main__":
+  absltest.main()
