@@ -5,7 +5,7 @@ from __future__ import annotations
 import glob
 import os
 import shutil
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import jax
 import numpy as np
@@ -13,7 +13,20 @@ import orbax.checkpoint as ocp
 
 from converter.errors import ConversionError
 from converter.plan import Leaf, Plan
-from handlers import ITEMS, LazyTensor, LazyTensorLoadError, ShardedLazyTensor, lazy_tensor_context, unhandled_leaves
+from absl import logging
+
+from handlers import (
+    ITEMS,
+    BlockWritten,
+    LazyTensor,
+    LazyTensorLoadError,
+    LazyTensorWriteError,
+    ShardedLazyTensor,
+    WriteOptions,
+    brief_error,
+    lazy_tensor_context,
+    unhandled_leaves,
+)
 
 STEP = 0
 
@@ -85,6 +98,7 @@ def save(
     devices: int,
     max_inflight_bytes: int,
     custom_metadata: Mapping[str, Any],
+    on_block_written: Callable[[BlockWritten], None] | None = None,
 ) -> str:
   """Saves `plan` as step 0 of `output_dir`; returns the items path MaxText loads."""
   try:
@@ -92,16 +106,21 @@ def save(
     unhandled = unhandled_leaves(tree)
     if unhandled:
       raise ConversionError(f"{output_dir}: no Orbax leaf handler for: {'; '.join(unhandled[:5])}")
-    checkpointer = ocp.v1.training.Checkpointer(output_dir, context=lazy_tensor_context(max_inflight_bytes))
+    options = WriteOptions(max_inflight_bytes=max_inflight_bytes, on_block_written=on_block_written)
+    checkpointer = ocp.v1.training.Checkpointer(output_dir, context=lazy_tensor_context(options))
     try:
       checkpointer.save_checkpointables(STEP, {ITEMS: tree}, custom_metadata=dict(custom_metadata))
     finally:
       checkpointer.close()
   except BaseException as e:
     _remove_unfinished(output_dir)
-    if isinstance(e, LazyTensorLoadError):
-      raise ConversionError(str(e)) from e
-    if isinstance(e, OSError):
-      raise ConversionError(f"{output_dir}: writing the checkpoint failed: {e}") from e
-    raise
+    if isinstance(e, (ConversionError, KeyboardInterrupt, SystemExit)):
+      raise
+    logging.vlog(1, "save failed", exc_info=True)
+    if isinstance(e, (LazyTensorLoadError, LazyTensorWriteError)):
+      raise ConversionError(f"{output_dir}: {e}; nothing was committed") from e
+    raise ConversionError(
+        f"{output_dir}: writing the checkpoint failed ({brief_error(e)}); nothing was committed"
+        " (run with -v=1 for the full traceback)"
+    ) from e
   return os.path.join(step_dir(output_dir), ITEMS)

@@ -3,13 +3,14 @@
 from handlers.lazy_tensor import (
     LazyTensor,
     LazyTensorLoadError,
+    LazyTensorWriteError,
     RegionLoader,
     ShardedLazyTensor,
     TensorLoader,
     block_indices,
+    brief_error,
 )
 from handlers.leaf_handler import (
-    DEFAULT_MAX_INFLIGHT_BYTES,
     JAX_ARRAY_TYPESTR,
     NUMPY_TYPESTR,
     LazyTensorLeafHandler,
@@ -19,10 +20,12 @@ from handlers.leaf_handler import (
 from handlers.registry import ITEMS, build_lazy_tensor_checkpointables_registry, lazy_tensor_context
 from handlers.tree_handler import LazyTensorPyTreeHandler, unhandled_leaves
 from handlers.v0_registration import LazyTensorV0Handler, register_v0_type_handler
+from handlers.write_options import DEFAULT_MAX_INFLIGHT_BYTES, BlockWritten, WriteOptions
 
 register_v0_type_handler()
 
 __all__ = [
+    "BlockWritten",
     "DEFAULT_MAX_INFLIGHT_BYTES",
     "ITEMS",
     "JAX_ARRAY_TYPESTR",
@@ -30,14 +33,17 @@ __all__ = [
     "LazyTensor",
     "LazyTensorLeafHandler",
     "LazyTensorLoadError",
+    "LazyTensorWriteError",
     "LazyTensorPyTreeHandler",
     "LazyTensorV0Handler",
     "RegionLoader",
     "ShardedLazyTensor",
     "ShardedLazyTensorLeafHandler",
     "TensorLoader",
+    "WriteOptions",
     "add_lazy_tensor_leaf_handler",
     "block_indices",
+    "brief_error",
     "build_lazy_tensor_checkpointables_registry",
     "lazy_tensor_context",
     "register_v0_type_handler",

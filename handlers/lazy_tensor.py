@@ -42,6 +42,16 @@ class LazyTensorLoadError(RuntimeError):
   """A `LazyTensor` could not be materialised; the message names the tensor."""
 
 
+class LazyTensorWriteError(RuntimeError):
+  """A `LazyTensor` could not be written; the message names the tensor and the storage error, briefly."""
+
+
+def brief_error(error: BaseException) -> str:
+  """A storage error without tensorstore's spec dump (which can run to kilobytes)."""
+  text = str(error).split(" [tensorstore_spec=")[0].strip()
+  return f"{type(error).__name__}: {text[:600]}"
+
+
 def block_indices(shape: tuple[int, ...], block_shape: tuple[int, ...]) -> Iterator[Index]:
   """Regions of `block_shape` tiling `shape` in C order (the last block on an axis may be short)."""
   ranges = [range(0, dim, block) for dim, block in zip(shape, block_shape)]

@@ -17,8 +17,7 @@ from typing import Any, Sequence
 from handlers import _orbax_private
 from handlers.lazy_tensor import LazyTensor, ShardedLazyTensor
 from handlers.streaming import write_lazy_tensors
-
-DEFAULT_MAX_INFLIGHT_BYTES = 512 << 20
+from handlers.write_options import WriteOptions, configured
 
 NUMPY_TYPESTR = "np.ndarray"
 JAX_ARRAY_TYPESTR = "jax.Array"
@@ -40,9 +39,9 @@ class ShardedShapeDtype(_orbax_private.AbstractShardedArray):
 class _StreamingWrites:
   """A v0 type handler that writes LazyTensors itself and leaves everything else to Orbax's handler."""
 
-  def __init__(self, base: Any, max_inflight_bytes: int, *, sharded: bool):
+  def __init__(self, base: Any, options: WriteOptions, *, sharded: bool):
     self._base = base
-    self._max_inflight_bytes = max_inflight_bytes
+    self._options = options
     self._sharded = sharded
 
   def __getattr__(self, name: str) -> Any:
@@ -63,7 +62,7 @@ class _StreamingWrites:
 
   async def _write(self, values: Sequence[LazyTensor], infos: Sequence[Any], args: Sequence[Any]) -> None:
     metadatas = await write_lazy_tensors(
-        values, infos, args, max_inflight_bytes=self._max_inflight_bytes,
+        values, infos, args, options=self._options,
         metadata_key=getattr(self._base, "_metadata_key", None),
     )
     store = getattr(self._base, "_array_metadata_store", None) if self._sharded else None
@@ -74,45 +73,36 @@ class _StreamingWrites:
 class LazyTensorLeafHandler(_orbax_private.NumpyLeafHandler):
   """`LazyTensor` leaves, written by streaming and recorded as numpy arrays."""
 
-  max_inflight_bytes: int = DEFAULT_MAX_INFLIGHT_BYTES
+  write_options: WriteOptions = WriteOptions()
 
   def __init__(self, *, context: Any = None):
     super().__init__(context=context)
-    self._handler_impl = _StreamingWrites(self._handler_impl, self.max_inflight_bytes, sharded=False)
+    self._handler_impl = _StreamingWrites(self._handler_impl, self.write_options, sharded=False)
 
 
 class ShardedLazyTensorLeafHandler(_orbax_private.ArrayLeafHandler):
   """`ShardedLazyTensor` leaves, written by streaming and recorded as sharded jax.Arrays."""
 
-  max_inflight_bytes: int = DEFAULT_MAX_INFLIGHT_BYTES
+  write_options: WriteOptions = WriteOptions()
 
   def __init__(self, *, context: Any = None):
     super().__init__(context=context)
-    self._handler_impl = _StreamingWrites(self._handler_impl, self.max_inflight_bytes, sharded=True)
+    self._handler_impl = _StreamingWrites(self._handler_impl, self.write_options, sharded=True)
 
 
-def _with_budget(handler: type, max_inflight_bytes: int) -> type:
-  """A handler class with its own budget: Orbax instantiates handler classes itself, with only a context."""
-  if max_inflight_bytes == handler.max_inflight_bytes:
-    return handler
-  return type(handler.__name__, (handler,), {"max_inflight_bytes": int(max_inflight_bytes), "__module__": __name__})
-
-
-def add_lazy_tensor_leaf_handler(
-    leaf_registry: Any, max_inflight_bytes: int = DEFAULT_MAX_INFLIGHT_BYTES
-) -> Any:
+def add_lazy_tensor_leaf_handler(leaf_registry: Any, options: WriteOptions = WriteOptions()) -> Any:
   """Registers `LazyTensor` (as "np.ndarray") and `ShardedLazyTensor` (as "jax.Array") on `leaf_registry`."""
   leaf_registry.add(
       LazyTensor,
       _orbax_private.NumpyShapeDtype,
-      _with_budget(LazyTensorLeafHandler, max_inflight_bytes),
+      configured(LazyTensorLeafHandler, options),
       override=True,
       secondary_typestrs=[NUMPY_TYPESTR],
   )
   leaf_registry.add(
       ShardedLazyTensor,
       ShardedShapeDtype,
-      _with_budget(ShardedLazyTensorLeafHandler, max_inflight_bytes),
+      configured(ShardedLazyTensorLeafHandler, options),
       override=True,
       secondary_typestrs=[JAX_ARRAY_TYPESTR],
   )

@@ -6,14 +6,14 @@ from typing import Any
 
 import orbax.checkpoint as ocp
 
-from handlers.leaf_handler import DEFAULT_MAX_INFLIGHT_BYTES
-from handlers.tree_handler import tree_handler_with_budget
+from handlers.tree_handler import LazyTensorPyTreeHandler
+from handlers.write_options import WriteOptions, configured
 
 ITEMS = "items"
 
 
 def build_lazy_tensor_checkpointables_registry(
-    checkpointable_name: str = ITEMS, max_inflight_bytes: int = DEFAULT_MAX_INFLIGHT_BYTES
+    checkpointable_name: str = ITEMS, options: WriteOptions = WriteOptions()
 ) -> Any:
   """A local registry (global handlers included) binding the LazyTensor tree handler to `checkpointable_name`.
 
@@ -21,14 +21,12 @@ def build_lazy_tensor_checkpointables_registry(
   name) reach our tree handler even though the global registry's PyTreeHandler would reject their leaves.
   """
   registry = ocp.v1.handlers.local_registry(include_global_registry=True)
-  registry.add(tree_handler_with_budget(max_inflight_bytes), checkpointable_name=checkpointable_name)
+  registry.add(configured(LazyTensorPyTreeHandler, options), checkpointable_name=checkpointable_name)
   return registry
 
 
-def lazy_tensor_context(max_inflight_bytes: int = DEFAULT_MAX_INFLIGHT_BYTES) -> Any:
+def lazy_tensor_context(options: WriteOptions = WriteOptions()) -> Any:
   """An `ocp.v1.Context` whose checkpointables registry knows `LazyTensor` under "items"."""
   context = ocp.v1.Context()
-  context.checkpointables.registry = build_lazy_tensor_checkpointables_registry(
-      max_inflight_bytes=max_inflight_bytes
-  )
+  context.checkpointables.registry = build_lazy_tensor_checkpointables_registry(options=options)
   return context

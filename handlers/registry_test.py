@@ -15,7 +15,7 @@ import orbax.checkpoint as ocp
 from absl.testing import absltest
 
 from handlers import (  # pylint: disable=g-import-not-at-top
-    ITEMS, LazyTensor, LazyTensorLeafHandler, ShardedLazyTensor, build_lazy_tensor_checkpointables_registry, lazy_tensor_context,
+    ITEMS, LazyTensor, LazyTensorLeafHandler, ShardedLazyTensor, WriteOptions, build_lazy_tensor_checkpointables_registry, lazy_tensor_context,
 )
 from handlers import _orbax_private
 
@@ -44,7 +44,9 @@ class RegistryTest(absltest.TestCase):
 
   def _save(self, max_inflight_bytes):
     out = _tmpdir()
-    checkpointer = ocp.v1.training.Checkpointer(out, context=lazy_tensor_context(max_inflight_bytes))
+    checkpointer = ocp.v1.training.Checkpointer(
+        out, context=lazy_tensor_context(WriteOptions(max_inflight_bytes=max_inflight_bytes))
+    )
     checkpointer.save_checkpointables(0, {ITEMS: _tree()}, custom_metadata={"scan_layers": True})
     checkpointer.close()
     return out

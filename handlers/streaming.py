@@ -10,18 +10,24 @@ import tensorstore as ts
 
 from handlers import _orbax_private
 from handlers.byte_budget import ByteBudget
-from handlers.lazy_tensor import LazyTensor, LazyTensorLoadError, block_indices
+from handlers.lazy_tensor import LazyTensor, LazyTensorWriteError, block_indices, brief_error
+from handlers.write_options import BlockWritten, WriteOptions
 
 
-async def _write_block(store: ts.TensorStore, lazy: LazyTensor, index: tuple, nbytes: int, budget: ByteBudget) -> None:
+async def _write_block(
+    store: ts.TensorStore, lazy: LazyTensor, array_name: str, index: tuple, nbytes: int, budget: ByteBudget,
+    options: WriteOptions,
+) -> None:
   try:
     block = await asyncio.to_thread(lazy.read, index)
     try:
       await store[index].write(block)
     except Exception as e:
-      raise LazyTensorLoadError(f"Failed to write tensor {lazy.name!r} region {index}: {e}") from e
+      raise LazyTensorWriteError(f"Failed to write tensor {lazy.name!r}: {brief_error(e)}") from e
   finally:
     await budget.release(nbytes)
+  if options.on_block_written is not None:
+    options.on_block_written(BlockWritten(array_name, tuple(s.start for s in index), nbytes))
 
 
 def write_shape(lazy: LazyTensor) -> tuple[int, ...]:
@@ -52,20 +58,24 @@ async def _open(lazy: LazyTensor, info: Any, arg: Any, metadata_key: str | None)
       process_index=_orbax_private.process_index_for_subdir(info.is_ocdbt_checkpoint),
       metadata_key=metadata_key,
   )
-  store = await ts.open(ts.Spec(spec.json), create=True, open=True, context=info.ts_context)
+  try:
+    store = await ts.open(ts.Spec(spec.json), create=True, open=True, context=info.ts_context)
+  except Exception as e:
+    raise LazyTensorWriteError(f"Failed to create the array for tensor {lazy.name!r}: {brief_error(e)}") from e
   return store, spec.metadata
 
 
 async def write_lazy_tensors(
-    values: Sequence[LazyTensor], infos: Sequence[Any], args: Sequence[Any], *, max_inflight_bytes: int,
+    values: Sequence[LazyTensor], infos: Sequence[Any], args: Sequence[Any], *, options: WriteOptions,
     metadata_key: str | None = None,
 ) -> list[Any]:
   """Streams every value into its own stored array; returns Orbax's array metadata for each.
 
   Blocks are read on worker threads (numpy releases the GIL for copies, casts and transposes) while
-  tensorstore compresses and writes earlier ones; at most `max_inflight_bytes` of blocks exist at a time.
+  tensorstore compresses and writes earlier ones; at most `options.max_inflight_bytes` of blocks exist at a
+  time. A block counts as written once tensorstore's write has completed, i.e. it is on disk.
   """
-  budget = ByteBudget(max_inflight_bytes)
+  budget = ByteBudget(options.max_inflight_bytes)
   pending: set[asyncio.Task] = set()
   errors: list[BaseException] = []
 
@@ -84,7 +94,7 @@ async def write_lazy_tensors(
           raise errors[0]
         nbytes = math.prod(s.stop - s.start for s in index) * lazy.itemsize
         await budget.acquire(nbytes)
-        task = asyncio.create_task(_write_block(store, lazy, index, nbytes, budget))
+        task = asyncio.create_task(_write_block(store, lazy, info.name, index, nbytes, budget, options))
         pending.add(task)
         task.add_done_callback(_finished)
     await asyncio.gather(*list(pending), return_exceptions=True)

@@ -7,7 +7,8 @@ from typing import Any
 import orbax.checkpoint as ocp
 
 from handlers import _orbax_private
-from handlers.leaf_handler import DEFAULT_MAX_INFLIGHT_BYTES, add_lazy_tensor_leaf_handler
+from handlers.leaf_handler import add_lazy_tensor_leaf_handler
+from handlers.write_options import WriteOptions
 
 
 class LazyTensorPyTreeHandler:
@@ -17,11 +18,11 @@ class LazyTensorPyTreeHandler:
   instantiates handler classes with no arguments, so the leaf registry has to be built in `__init__`.
   """
 
-  max_inflight_bytes: int = DEFAULT_MAX_INFLIGHT_BYTES
+  write_options: WriteOptions = WriteOptions()
 
   def __init__(self, *, context: Any = None, leaf_handler_registry: Any = None):
     leaf_registry = leaf_handler_registry or _orbax_private.StandardLeafHandlerRegistry()
-    add_lazy_tensor_leaf_handler(leaf_registry, self.max_inflight_bytes)
+    add_lazy_tensor_leaf_handler(leaf_registry, self.write_options)
     self._leaf_registry = leaf_registry
     self._delegate = ocp.v1.handlers.PyTreeHandler(context=context, leaf_handler_registry=leaf_registry)
 
@@ -61,13 +62,3 @@ def unhandled_leaves(tree: Any, leaf_registry: Any = None) -> list[str]:
       for path, leaf in flat
       if not leaf_registry.is_handleable(type(leaf))
   ]
-
-
-def tree_handler_with_budget(max_inflight_bytes: int) -> type[LazyTensorPyTreeHandler]:
-  if max_inflight_bytes == LazyTensorPyTreeHandler.max_inflight_bytes:
-    return LazyTensorPyTreeHandler
-  return type(
-      LazyTensorPyTreeHandler.__name__,
-      (LazyTensorPyTreeHandler,),
-      {"max_inflight_bytes": int(max_inflight_bytes), "__module__": __name__},
-  )

@@ -1,0 +1,31 @@
+"""How the streaming handlers write: the byte budget, and who hears about each block written."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+DEFAULT_MAX_INFLIGHT_BYTES = 512 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockWritten:
+  """One block is durably in the stored array `array_name` (Orbax's leaf name, e.g. "params.params.x")."""
+
+  array_name: str
+  start: tuple[int, ...]
+  nbytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class WriteOptions:
+  max_inflight_bytes: int = DEFAULT_MAX_INFLIGHT_BYTES
+  # Called on the save's event loop after each block's write has completed (progress bars, resume journals).
+  on_block_written: Callable[[BlockWritten], None] | None = None
+
+
+def configured(cls: type, options: WriteOptions) -> type:
+  """`cls` with `options` baked in: Orbax instantiates handler classes itself, passing only a context."""
+  if options == cls.write_options:
+    return cls
+  return type(cls.__name__, (cls,), {"write_options": options, "__module__": cls.__module__})
