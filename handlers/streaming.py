@@ -30,29 +30,54 @@ async def _write_block(
     options.on_block_written(BlockWritten(array_name, tuple(s.start for s in index), nbytes))
 
 
-def write_shape(lazy: LazyTensor) -> tuple[int, ...]:
-  """The stored array's shard grid: the loader's blocks, split further along a device sharding if any.
+TARGET_BLOCK_BYTES = 64 << 20
+
+
+def _largest_divisor_at_most(n: int, limit: int) -> int:
+  return max(d for d in range(1, max(1, min(n, limit)) + 1) if n % d == 0)
+
+
+def write_block_shape(lazy: LazyTensor, target_bytes: int = TARGET_BLOCK_BYTES) -> tuple[int, ...]:
+  """The loader's natural blocks, grouped along stacked axes up to about `target_bytes` per write.
+
+  A natural block can be tiny (one expert of one layer), and every tensorstore write is a durable OCDBT commit,
+  so writing them one by one is slow. Axes are grown innermost first, by whole divisors, so the blocks still
+  tile the array exactly and keep expert granularity on the leading axis as long as possible.
+  """
+  block = list(lazy.block_shape)
+  for axis in reversed(range(len(block))):
+    if block[axis] == lazy.shape[axis] or lazy.shape[axis] % block[axis]:
+      continue
+    block_bytes = math.prod(block) * lazy.itemsize
+    factor = _largest_divisor_at_most(lazy.shape[axis] // block[axis], target_bytes // max(1, block_bytes))
+    block[axis] *= factor
+  return tuple(block)
+
+
+def write_shape(lazy: LazyTensor, block: tuple[int, ...]) -> tuple[int, ...]:
+  """The stored array's shard grid: the write blocks, split further along a device sharding if any.
 
   Orbax stores a sharded jax.Array with one zarr shard per device shard. Matching that exactly would need a
   whole device shard in memory (1/16 of a 150 GB leaf is still 9 GB), so each device shard is instead made of
   whole zarr shards no larger than a loader block: readers see the same array, restored per device without
   reading across shard boundaries.
   """
-  block = lazy.block_shape
   sharding = getattr(lazy, "sharding", None)
   if sharding is None:
     return block
   return tuple(math.gcd(b, s) for b, s in zip(block, sharding.shard_shape(lazy.shape)))
 
 
-async def _open(lazy: LazyTensor, info: Any, arg: Any, metadata_key: str | None) -> tuple[ts.TensorStore, Any]:
+async def _open(
+    lazy: LazyTensor, block: tuple[int, ...], info: Any, arg: Any, metadata_key: str | None
+) -> tuple[ts.TensorStore, Any]:
   """Opens (creates) the stored array exactly as Orbax's handlers do, with the grid of `write_shape`."""
   await info.await_path_creation()
   spec = _orbax_private.build_array_write_spec(
       info=info,
       arg=arg,
       global_shape=lazy.shape,
-      local_shape=write_shape(lazy),
+      local_shape=write_shape(lazy, block),
       dtype=lazy.dtype,
       use_ocdbt=info.is_ocdbt_checkpoint,
       process_index=_orbax_private.process_index_for_subdir(info.is_ocdbt_checkpoint),
@@ -87,9 +112,10 @@ async def write_lazy_tensors(
   metadatas = []
   try:
     for lazy, info, arg in zip(values, infos, args):
-      store, metadata = await _open(lazy, info, arg, metadata_key)
+      block = write_block_shape(lazy)
+      store, metadata = await _open(lazy, block, info, arg, metadata_key)
       metadatas.append(metadata)
-      for index in block_indices(lazy.shape, lazy.block_shape):
+      for index in block_indices(lazy.shape, block):
         if errors:
           raise errors[0]
         nbytes = math.prod(s.stop - s.start for s in index) * lazy.itemsize

@@ -1,0 +1,141 @@
+"""Benchmarks the converter on a synthetic checkpoint: wall time and peak memory against the I/O floor.
+
+  bazel run //tools:benchmark -- --family=qwen3_moe --size_gb=8 --devices=1,16 --runs=3
+
+Writes a synthetic HF checkpoint of the family and size (numpy, random gaussian bfloat16), then for each
+device count runs the real converter binary in a child process `--runs` times, sampling the RSS of the whole
+process tree. The floor, measured in the same run, is reading every input byte and writing as many bytes with
+fsync: no converter can beat it on this disk. Prints medians and the ratios to the floor.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+import psutil
+from absl import app, flags
+
+from tools import synthetic_checkpoint
+
+FLAGS = flags.FLAGS
+flags.DEFINE_enum("family", "qwen3_moe", sorted(synthetic_checkpoint.FAMILIES), "Synthetic model family.")
+flags.DEFINE_float("size_gb", 8.0, "Approximate checkpoint size in GB (10^9 bytes), bfloat16.")
+flags.DEFINE_list("devices", ["1", "16"], "--simulated_cpu_devices_count values to run.")
+flags.DEFINE_boolean("scan_layers", True, "--scan_layers for the conversions.")
+flags.DEFINE_integer("runs", 3, "Runs per setting; medians are reported.")
+flags.DEFINE_string("work_dir", "/tmp/hf2maxtext-benchmark", "Where the synthetic checkpoint and outputs go.")
+flags.DEFINE_boolean("keep_input", True, "Reuse a synthetic checkpoint of the same family and size if present.")
+flags.DEFINE_integer("max_inflight_bytes", None, "Passed to the converter when set.")
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _tree_rss(process: psutil.Process) -> int:
+  total = 0
+  for p in [process, *process.children(recursive=True)]:
+    try:
+      total += p.memory_info().rss
+    except psutil.Error:
+      pass
+  return total
+
+
+def run_sampled(command: list[str], env: dict[str, str]) -> tuple[float, int, subprocess.CompletedProcess]:
+  """Runs `command`; returns wall seconds, the peak RSS of its process tree (sampled every 20 ms), result."""
+  start = time.monotonic()
+  child = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  peak = 0
+  done = threading.Event()
+
+  def sample():
+    nonlocal peak
+    process = psutil.Process(child.pid)
+    while not done.is_set():
+      try:
+        peak = max(peak, _tree_rss(process))
+      except psutil.Error:
+        break
+      time.sleep(0.02)
+
+  sampler = threading.Thread(target=sample, daemon=True)
+  sampler.start()
+  stdout, stderr = child.communicate()
+  wall = time.monotonic() - start
+  done.set()
+  sampler.join()
+  return wall, peak, subprocess.CompletedProcess(command, child.returncode, stdout, stderr)
+
+
+def io_floor(input_dir: str, scratch: str) -> tuple[float, int]:
+  """Seconds to read every input file and write the same number of bytes (fsync'd); returns (seconds, bytes)."""
+  files = [os.path.join(input_dir, f) for f in sorted(os.listdir(input_dir)) if f.endswith(".safetensors")]
+  total = sum(os.path.getsize(f) for f in files)
+  buffer = bytearray(64 << 20)
+  os.makedirs(scratch, exist_ok=True)
+  out_path = os.path.join(scratch, "floor.bin")
+  start = time.monotonic()
+  with open(out_path, "wb", buffering=0) as out:
+    for path in files:
+      with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buffer):
+          out.write(memoryview(buffer)[:n])
+    os.fsync(out.fileno())
+  seconds = time.monotonic() - start
+  os.remove(out_path)
+  return seconds, total
+
+
+def _du(path: str) -> int:
+  return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
+
+
+def main(argv: list[str]) -> None:
+  del argv
+  target = int(FLAGS.size_gb * 1e9)
+  input_dir = os.path.join(FLAGS.work_dir, f"{FLAGS.family}-{FLAGS.size_gb:g}gb")
+  if not (FLAGS.keep_input and os.path.exists(os.path.join(input_dir, "model.safetensors.index.json"))):
+    shutil.rmtree(input_dir, ignore_errors=True)
+    start = time.monotonic()
+    config, written = synthetic_checkpoint.write_family_checkpoint(input_dir, FLAGS.family, target)
+    print(f"wrote {written / 1e9:.2f} GB synthetic {FLAGS.family} ({config['num_hidden_layers']} layers) to"
+          f" {input_dir} in {time.monotonic() - start:.1f} s", flush=True)
+  output_dir = os.path.join(FLAGS.work_dir, "out")
+  env = dict(os.environ, PYTHONPATH=_REPO)
+  floors = []
+  rows = []
+  for devices in FLAGS.devices:
+    walls, peaks = [], []
+    for _ in range(FLAGS.runs):
+      floors.append(io_floor(input_dir, FLAGS.work_dir)[0])
+      command = [sys.executable, os.path.join(_REPO, "converter", "main.py"), f"--hf_model_path={input_dir}",
+                 f"--output_dir={output_dir}", "--overwrite", f"--simulated_cpu_devices_count={devices}",
+                 f"--scan_layers={FLAGS.scan_layers}", "--noprogress"]
+      if FLAGS.max_inflight_bytes:
+        command.append(f"--max_inflight_bytes={FLAGS.max_inflight_bytes}")
+      wall, peak, result = run_sampled(command, env)
+      if result.returncode:
+        sys.exit(f"conversion failed:\n{result.stderr[-3000:]}")
+      walls.append(wall)
+      peaks.append(peak)
+      print(f"devices={devices} wall={wall:.1f}s peak_rss={peak / 2**30:.2f}GiB", flush=True)
+    rows.append((devices, statistics.median(walls), statistics.median(peaks), _du(output_dir)))
+  input_bytes = sum(os.path.getsize(os.path.join(input_dir, f)) for f in os.listdir(input_dir))
+  floor = statistics.median(floors)
+  print(f"\ninput {input_bytes / 1e9:.2f} GB; I/O floor (read input + write as much, fsync) median {floor:.1f} s"
+        f" ({2 * input_bytes / floor / 1e9:.2f} GB/s moved)")
+  print("| model | size | devices | scan | wall (median) | peak RSS | output | throughput | floor | wall / floor |")
+  print("|---|---|---|---|---|---|---|---|---|---|")
+  for devices, wall, peak, out_bytes in rows:
+    print(f"| {FLAGS.family} | {input_bytes / 1e9:.1f} GB | {devices} | {'on' if FLAGS.scan_layers else 'off'} |"
+          f" {wall:.1f} s | {peak / 2**30:.2f} GiB | {out_bytes / 1e9:.2f} GB | {input_bytes / wall / 1e6:.0f} MB/s |"
+          f" {floor:.1f} s | {wall / floor:.2f} |")
+
+
+if __name__ == "__main__":
+  app.run(main)
