@@ -12,7 +12,9 @@ from converter import families, writer
 from converter.maxtext_overrides import maxtext_overrides
 from converter.model_config import load_model_config
 from converter.plan import Plan, build_plan
+from converter.progress import Progress
 from converter.safetensors_reader import open_checkpoint
+from handlers import DEFAULT_MAX_INFLIGHT_BYTES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,7 +69,8 @@ def convert_to_maxtext(
     target_model: str | None = None,
     target_vocab_size: int | None = None,
     allow_unused_tensors: bool = False,
-    max_inflight_bytes: int = 1 << 30,
+    max_inflight_bytes: int = DEFAULT_MAX_INFLIGHT_BYTES,
+    progress: Progress | None = None,
 ) -> ConversionResult:
   plan = plan_conversion(
       hf_model_path,
@@ -91,7 +94,10 @@ def convert_to_maxtext(
           "hf_config": _original_hf_config(plan),
       },
   }
+  if progress is not None:
+    progress.start(plan.total_bytes)
   items_path = writer.save(
-      plan, output_dir, lazy=lazy, devices=devices, max_inflight_bytes=max_inflight_bytes, custom_metadata=metadata
+      plan, output_dir, lazy=lazy, devices=devices, max_inflight_bytes=max_inflight_bytes, custom_metadata=metadata,
+      on_block_written=progress,
   )
   return ConversionResult(plan, items_path, overrides)

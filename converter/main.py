@@ -40,7 +40,8 @@ flags.DEFINE_boolean("overwrite", False, "Replace an existing checkpoint at OUTP
 flags.DEFINE_string("target_model", None, "MaxText model the checkpoint is for (default: inferred from config.json).")
 flags.DEFINE_integer("target_vocab_size", None, "Zero-pad the vocabulary to this size (MaxText configs may round up).")
 flags.DEFINE_boolean("allow_unused_tensors", False, "Warn about, rather than refuse, tensors the family does not use.")
-flags.DEFINE_integer("max_inflight_bytes", 1 << 30, "Most bytes of materialised tensors alive at once while saving.")
+flags.DEFINE_integer("max_inflight_bytes", 256 << 20, "Most bytes of materialised blocks alive at once while saving.")
+flags.DEFINE_boolean("progress", True, "Progress bar on stderr (bytes, throughput, time left, RSS) when it is a terminal.")
 
 
 @flags.multi_flags_validator(["direction", "hf_model_path", "checkpoint_path", "output_dir"])
@@ -106,8 +107,10 @@ def run() -> None:
     return
   _start_jax(FLAGS.simulated_cpu_devices_count)
   from converter import conversion  # pylint: disable=g-import-not-at-top
+  from converter.progress import Progress  # pylint: disable=g-import-not-at-top
 
   start = time.monotonic()
+  progress = Progress(0, enabled=FLAGS.progress)
   result = conversion.convert_to_maxtext(
       hf_model_path=_resolve(FLAGS.hf_model_path),
       output_dir=_resolve(FLAGS.output_dir),
@@ -120,7 +123,9 @@ def run() -> None:
       target_vocab_size=FLAGS.target_vocab_size,
       allow_unused_tensors=FLAGS.allow_unused_tensors,
       max_inflight_bytes=FLAGS.max_inflight_bytes,
+      progress=progress,
   )
+  progress.close()
   seconds = time.monotonic() - start
   plan = result.plan
   print(f"family:        {plan.family.name} ({plan.config.architecture}), target model {plan.target_model}")
@@ -139,12 +144,13 @@ def run() -> None:
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  if not FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)  # Orbax logs every step at INFO; -v=0 brings it back.
   from converter.errors import ConversionError  # pylint: disable=g-import-not-at-top
 
   try:
     run()
   except ConversionError as e:
-    logging.error("conversion failed: %s", e)
     print(f"error: {e}", file=sys.stderr)
     sys.exit(1)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import sys
 import time
 
@@ -15,13 +16,18 @@ class Progress:
   """Counts written blocks into a tqdm bar on stderr; silent when disabled or stderr is not a terminal."""
 
   def __init__(self, total_bytes: int, *, enabled: bool, description: str = "saving"):
+    """`total_bytes` may be 0 and set later with `start(total)`, once the plan is known."""
     self._process = psutil.Process()
     self._bar = tqdm.tqdm(
         total=total_bytes, unit="B", unit_scale=True, unit_divisor=1024, desc=description, file=sys.stderr,
-        disable=not (enabled and sys.stderr.isatty()), dynamic_ncols=True, smoothing=0.1,
+        disable=not (enabled and sys.stderr.isatty()), smoothing=0.1,
+        ncols=shutil.get_terminal_size().columns or 100,
     )
     self._last_postfix = 0.0
     self.peak_rss = self._process.memory_info().rss
+
+  def start(self, total_bytes: int) -> None:
+    self._bar.reset(total=total_bytes)
 
   def __call__(self, event: BlockWritten) -> None:
     self._bar.update(event.nbytes)

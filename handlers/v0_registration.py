@@ -9,6 +9,7 @@ from typing import Any, Sequence
 
 import numpy as np
 import orbax.checkpoint as ocp
+from absl import logging
 
 from handlers.lazy_tensor import LazyTensor
 
@@ -22,4 +23,11 @@ class LazyTensorV0Handler(ocp.type_handlers.NumpyHandler):
 
 
 def register_v0_type_handler() -> None:
-  ocp.type_handlers.register_type_handler(LazyTensor, LazyTensorV0Handler(), override=True)
+  # Orbax warns that the typestr "np.ndarray" is shared with the numpy handler; sharing it is the point (v0
+  # readers restore LazyTensor leaves as numpy), so the warning is silenced for this one call.
+  verbosity = logging.get_verbosity()
+  logging.set_verbosity(logging.ERROR)
+  try:
+    ocp.type_handlers.register_type_handler(LazyTensor, LazyTensorV0Handler(), override=True)
+  finally:
+    logging.set_verbosity(verbosity)

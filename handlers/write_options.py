@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
-DEFAULT_MAX_INFLIGHT_BYTES = 512 << 20
+DEFAULT_MAX_INFLIGHT_BYTES = 256 << 20
 
 
 @dataclasses.dataclass(frozen=True)
