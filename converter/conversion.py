@@ -10,11 +10,13 @@ from absl import logging
 
 from converter import families, writer
 from converter.maxtext_overrides import maxtext_overrides
+from converter.errors import ConversionError
 from converter.model_config import load_model_config
 from converter.plan import Plan, build_plan
 from converter.progress import Progress
 from converter.safetensors_reader import open_checkpoint
-from handlers import DEFAULT_MAX_INFLIGHT_BYTES
+from converter import resume as resume_lib
+from handlers import DEFAULT_MAX_INFLIGHT_BYTES, BlockWritten
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,7 +73,9 @@ def convert_to_maxtext(
     allow_unused_tensors: bool = False,
     max_inflight_bytes: int = DEFAULT_MAX_INFLIGHT_BYTES,
     progress: Progress | None = None,
+    resume: bool = False,
 ) -> ConversionResult:
+  """Plans, checks and saves. A lazy save journals its blocks so that `resume=True` can finish it later."""
   plan = plan_conversion(
       hf_model_path,
       scan_layers=scan_layers,
@@ -80,7 +84,8 @@ def convert_to_maxtext(
       target_vocab_size=target_vocab_size,
       allow_unused_tensors=allow_unused_tensors,
   )
-  writer.prepare_output_dir(output_dir, overwrite)
+  writer.prepare_output_dir(output_dir, overwrite, keep_unfinished=lazy)
+  salvage, journal = resume_lib.prepare(output_dir, plan, resume=resume) if lazy else (None, None)
   overrides = maxtext_overrides(plan)
   metadata = {
       "scan_layers": scan_layers,
@@ -96,8 +101,27 @@ def convert_to_maxtext(
   }
   if progress is not None:
     progress.start(plan.total_bytes)
-  items_path = writer.save(
-      plan, output_dir, lazy=lazy, devices=devices, max_inflight_bytes=max_inflight_bytes, custom_metadata=metadata,
-      on_block_written=progress,
-  )
+  listeners = [c for c in (progress, journal) if c is not None]
+
+  def block_written(event: BlockWritten) -> None:
+    for listener in listeners:
+      listener(event)
+
+  try:
+    items_path = writer.save(
+        resume_lib.with_salvage(plan, salvage) if salvage else plan, output_dir, lazy=lazy, devices=devices,
+        max_inflight_bytes=max_inflight_bytes, custom_metadata=metadata, on_block_written=block_written,
+        keep_unfinished=journal is not None,
+    )
+  except ConversionError as e:
+    if journal is not None and resume_lib.park(output_dir, journal):
+      raise ConversionError(f"{e}; nothing was committed, and what was written is kept: rerun with --resume"
+                            " to continue") from e
+    raise ConversionError(f"{e}; nothing was committed") from e
+  except BaseException:
+    if journal is not None:
+      resume_lib.park(output_dir, journal)
+    raise
+  if journal is not None:
+    resume_lib.finish(output_dir, journal)
   return ConversionResult(plan, items_path, overrides)

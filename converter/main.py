@@ -41,6 +41,9 @@ flags.DEFINE_string("target_model", None, "MaxText model the checkpoint is for (
 flags.DEFINE_integer("target_vocab_size", None, "Zero-pad the vocabulary to this size (MaxText configs may round up).")
 flags.DEFINE_boolean("allow_unused_tensors", False, "Warn about, rather than refuse, tensors the family does not use.")
 flags.DEFINE_integer("max_inflight_bytes", 256 << 20, "Most bytes of materialised blocks alive at once while saving.")
+flags.DEFINE_boolean("dry_run", False, "Read only config.json and the safetensors headers; print the plan and exit.")
+flags.DEFINE_boolean("verify", False, "After saving, re-read every leaf block by block and compare with the source.")
+flags.DEFINE_boolean("resume", False, "Continue an interrupted conversion into OUTPUT_DIR from what it wrote durably.")
 flags.DEFINE_boolean("progress", True, "Progress bar on stderr (bytes, throughput, time left, RSS) when it is a terminal.")
 
 
@@ -109,6 +112,9 @@ def run() -> None:
   from converter import conversion  # pylint: disable=g-import-not-at-top
   from converter.progress import Progress  # pylint: disable=g-import-not-at-top
 
+  if FLAGS.dry_run:
+    _dry_run()
+    return
   start = time.monotonic()
   progress = Progress(0, enabled=FLAGS.progress)
   result = conversion.convert_to_maxtext(
@@ -124,6 +130,7 @@ def run() -> None:
       allow_unused_tensors=FLAGS.allow_unused_tensors,
       max_inflight_bytes=FLAGS.max_inflight_bytes,
       progress=progress,
+      resume=FLAGS.resume,
   )
   progress.close()
   seconds = time.monotonic() - start
@@ -139,6 +146,40 @@ def run() -> None:
     print(f"warning:       {warning}")
   print(f"MaxText:       load_parameters_path={result.items_path} "
         + " ".join(f"{k}={json.dumps(v)}" for k, v in result.overrides.items()))
+  if FLAGS.verify:
+    _verify(plan, result.items_path)
+
+
+def _dry_run() -> None:
+  import psutil  # pylint: disable=g-import-not-at-top
+  from converter import conversion, dry_run, writer  # pylint: disable=g-import-not-at-top
+
+  plan = conversion.plan_conversion(
+      _resolve(FLAGS.hf_model_path), scan_layers=FLAGS.scan_layers, save_dtype=FLAGS.save_dtype,
+      target_model=FLAGS.target_model, target_vocab_size=FLAGS.target_vocab_size,
+      allow_unused_tensors=FLAGS.allow_unused_tensors,
+  )
+  print(dry_run.describe(plan, baseline_bytes=psutil.Process().memory_info().rss,
+                         max_inflight_bytes=FLAGS.max_inflight_bytes))
+  existing = writer.step_dir(_resolve(FLAGS.output_dir))
+  if os.path.exists(existing) and not FLAGS.overwrite:
+    print(f"warning: {existing} already holds a checkpoint; the conversion will refuse it without --overwrite")
+
+
+def _verify(plan, items_path: str) -> None:
+  from converter.errors import ConversionError  # pylint: disable=g-import-not-at-top
+  from converter.progress import Progress  # pylint: disable=g-import-not-at-top
+  from converter.verify import verify_checkpoint  # pylint: disable=g-import-not-at-top
+
+  progress = Progress(plan.total_bytes, enabled=FLAGS.progress, description="verifying")
+  report = verify_checkpoint(plan, items_path, on_block=progress.advance)
+  progress.close()
+  print(f"verified:      {report.leaves} leaves, {report.blocks} blocks, {report.bytes:,} bytes,"
+        f" {len(report.mismatches)} mismatches")
+  for mismatch in report.mismatches:
+    print(f"mismatch:      {mismatch}")
+  if report.mismatches:
+    raise ConversionError(f"{items_path}: --verify found {len(report.mismatches)} leaves that differ from the source")
 
 
 def main(argv: list[str]) -> None:

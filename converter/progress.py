@@ -30,7 +30,10 @@ class Progress:
     self._bar.reset(total=total_bytes)
 
   def __call__(self, event: BlockWritten) -> None:
-    self._bar.update(event.nbytes)
+    self.advance(event.nbytes)
+
+  def advance(self, nbytes: int) -> None:
+    self._bar.update(nbytes)
     now = time.monotonic()
     if now - self._last_postfix >= 0.5:
       self._last_postfix = now

@@ -41,13 +41,15 @@ def _remove_unfinished(output_dir: str) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def prepare_output_dir(output_dir: str, overwrite: bool) -> None:
+def prepare_output_dir(output_dir: str, overwrite: bool, *, keep_unfinished: bool = False) -> None:
+  """Refuses (or with `overwrite` removes) an existing step; drops a dead run's leftovers unless kept for resume."""
   existing = step_dir(output_dir)
   if os.path.exists(existing):
     if not overwrite:
       raise ConversionError(f"{existing}: a checkpoint already exists here; pass --overwrite to replace it")
     shutil.rmtree(existing)
-  _remove_unfinished(output_dir)
+  if not keep_unfinished:
+    _remove_unfinished(output_dir)
   try:
     os.makedirs(output_dir, exist_ok=True)
   except OSError as e:
@@ -99,8 +101,13 @@ def save(
     max_inflight_bytes: int,
     custom_metadata: Mapping[str, Any],
     on_block_written: Callable[[BlockWritten], None] | None = None,
+    keep_unfinished: bool = False,
 ) -> str:
-  """Saves `plan` as step 0 of `output_dir`; returns the items path MaxText loads."""
+  """Saves `plan` as step 0 of `output_dir`; returns the items path MaxText loads.
+
+  On failure Orbax's temporary directory (never a loadable checkpoint) is deleted, unless `keep_unfinished`:
+  then the caller parks it for a resumed run.
+  """
   try:
     tree = leaf_values(plan, lazy=lazy, devices=devices)
     unhandled = unhandled_leaves(tree)
@@ -113,14 +120,14 @@ def save(
     finally:
       checkpointer.close()
   except BaseException as e:
-    _remove_unfinished(output_dir)
+    if not keep_unfinished:
+      _remove_unfinished(output_dir)
     if isinstance(e, (ConversionError, KeyboardInterrupt, SystemExit)):
       raise
     logging.vlog(1, "save failed", exc_info=True)
     if isinstance(e, (LazyTensorLoadError, LazyTensorWriteError)):
-      raise ConversionError(f"{output_dir}: {e}; nothing was committed") from e
+      raise ConversionError(f"{output_dir}: {e}") from e
     raise ConversionError(
-        f"{output_dir}: writing the checkpoint failed ({brief_error(e)}); nothing was committed"
-        " (run with -v=1 for the full traceback)"
+        f"{output_dir}: writing the checkpoint failed ({brief_error(e)}) (run with -v=1 for the full traceback)"
     ) from e
   return os.path.join(step_dir(output_dir), ITEMS)

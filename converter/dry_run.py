@@ -1,0 +1,51 @@
+"""`--dry_run`: the plan, from headers and config.json alone, before an hour is spent on it."""
+
+from __future__ import annotations
+
+import math
+
+from converter.plan import Plan
+from handlers import LazyTensor
+from handlers.streaming import write_block_shape
+
+# Measured (README, "Memory"): Orbax and tensorstore hold encoding buffers for the blocks in flight, so the
+# resident set grows by about this multiple of the byte budget on top of the process baseline.
+INFLIGHT_OVERHEAD = 3.0
+
+
+def _human(n: float) -> str:
+  for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+    if abs(n) < 1024 or unit == "TiB":
+      return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+    n /= 1024
+  return str(n)
+
+
+def predicted_peak_bytes(plan: Plan, baseline_bytes: int, max_inflight_bytes: int) -> int:
+  """Process baseline plus the in-flight blocks (at most the budget, at least the largest block) with overhead."""
+  largest_block = max(
+      math.prod(write_block_shape(LazyTensor(leaf.name, leaf.shape, leaf.dtype, leaf.loader))) * leaf.dtype.itemsize
+      for leaf in plan.leaves
+  )
+  inflight = min(max(max_inflight_bytes, largest_block), plan.total_bytes)
+  return int(baseline_bytes + INFLIGHT_OVERHEAD * inflight)
+
+
+def describe(plan: Plan, *, baseline_bytes: int, max_inflight_bytes: int) -> str:
+  lines = [f"{plan.family.name} ({plan.config.architecture}) -> MaxText {plan.target_model},"
+           f" {'scanned' if plan.scan_layers else 'unscanned'}, {plan.save_dtype.name}", ""]
+  width = max(len(leaf.name) for leaf in plan.leaves)
+  lines.append(f"{'leaf':{width}}  {'shape':22}  {'dtype':8}  {'bytes':>12}  sources")
+  for leaf in plan.leaves:
+    sources = ", ".join(leaf.sources[:2]) + (f" ... ({len(leaf.sources)} tensors)" if len(leaf.sources) > 2 else "")
+    lines.append(f"{leaf.name:{width}}  {str(leaf.shape):22}  {leaf.dtype.name:8}  {leaf.nbytes:>12,}  {sources}")
+  lines += [
+      "",
+      f"leaves:            {len(plan.leaves)}",
+      f"source tensors:    {sum(len(leaf.sources) for leaf in plan.leaves)}",
+      f"bytes to write:    {plan.total_bytes:,} ({_human(plan.total_bytes)})",
+      f"predicted peak RSS: {_human(predicted_peak_bytes(plan, baseline_bytes, max_inflight_bytes))}"
+      f" (budget {_human(max_inflight_bytes)})",
+  ]
+  lines += [f"warning: {w}" for w in plan.warnings]
+  return "\n".join(lines)
