@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import threading
 from typing import Any
 
 from absl import logging
@@ -24,6 +25,7 @@ class ConversionResult:
   plan: Plan
   items_path: str
   overrides: dict[str, Any]
+  resumed_blocks: int = 0  # Blocks an interrupted run had written, reused rather than recomputed.
 
 
 def _original_hf_config(plan: Plan) -> dict[str, Any]:
@@ -74,6 +76,7 @@ def convert_to_maxtext(
     max_inflight_bytes: int = DEFAULT_MAX_INFLIGHT_BYTES,
     progress: Progress | None = None,
     resume: bool = False,
+    cancel: threading.Event | None = None,
 ) -> ConversionResult:
   """Plans, checks and saves. A lazy save journals its blocks so that `resume=True` can finish it later."""
   plan = plan_conversion(
@@ -111,7 +114,7 @@ def convert_to_maxtext(
     items_path = writer.save(
         resume_lib.with_salvage(plan, salvage) if salvage else plan, output_dir, lazy=lazy, devices=devices,
         max_inflight_bytes=max_inflight_bytes, custom_metadata=metadata, on_block_written=block_written,
-        keep_unfinished=journal is not None,
+        keep_unfinished=journal is not None, cancel=cancel,
     )
   except ConversionError as e:
     if journal is not None and resume_lib.park(output_dir, journal):
@@ -124,4 +127,4 @@ def convert_to_maxtext(
     raise
   if journal is not None:
     resume_lib.finish(output_dir, journal)
-  return ConversionResult(plan, items_path, overrides)
+  return ConversionResult(plan, items_path, overrides, len(salvage.blocks) if salvage else 0)

@@ -13,7 +13,9 @@ from __future__ import annotations
 import json
 import os
 import resource
+import signal
 import sys
+import threading
 import time
 
 from absl import app, flags, logging
@@ -117,6 +119,7 @@ def run() -> None:
     return
   start = time.monotonic()
   progress = Progress(0, enabled=FLAGS.progress)
+  cancel = _cancel_on_signals()
   result = conversion.convert_to_maxtext(
       hf_model_path=_resolve(FLAGS.hf_model_path),
       output_dir=_resolve(FLAGS.output_dir),
@@ -131,6 +134,7 @@ def run() -> None:
       max_inflight_bytes=FLAGS.max_inflight_bytes,
       progress=progress,
       resume=FLAGS.resume,
+      cancel=cancel,
   )
   progress.close()
   seconds = time.monotonic() - start
@@ -142,12 +146,31 @@ def run() -> None:
   print(f"peak RSS:      {_peak_rss_bytes() / 2**20:.0f} MiB")
   print(f"devices:       {FLAGS.simulated_cpu_devices_count} ({'lazy' if FLAGS.lazy_load_tensors else 'eager'})")
   print(f"output:        {result.items_path}")
+  if FLAGS.resume:
+    print(f"resumed:       {result.resumed_blocks} blocks reused from the interrupted run")
   for warning in plan.warnings:
     print(f"warning:       {warning}")
   print(f"MaxText:       load_parameters_path={result.items_path} "
         + " ".join(f"{k}={json.dumps(v)}" for k, v in result.overrides.items()))
   if FLAGS.verify:
     _verify(plan, result.items_path)
+
+
+def _cancel_on_signals() -> threading.Event:
+  """SIGINT/SIGTERM stop the save before its next block, so it fails and never commits (Orbax's background
+  thread would otherwise finish and commit the checkpoint after the main thread is gone)."""
+  cancel = threading.Event()
+
+  def stop(signum, frame):
+    del frame
+    if cancel.is_set():
+      raise KeyboardInterrupt
+    cancel.set()
+    print(f"\n{signal.Signals(signum).name}: stopping after the blocks in flight (again to abort)", file=sys.stderr)
+
+  for signum in (signal.SIGINT, signal.SIGTERM):
+    signal.signal(signum, stop)
+  return cancel
 
 
 def _dry_run() -> None:

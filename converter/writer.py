@@ -5,6 +5,7 @@ from __future__ import annotations
 import glob
 import os
 import shutil
+import threading
 from typing import Any, Callable, Mapping
 
 import jax
@@ -21,6 +22,7 @@ from handlers import (
     LazyTensor,
     LazyTensorLoadError,
     LazyTensorWriteError,
+    SaveCancelled,
     ShardedLazyTensor,
     WriteOptions,
     brief_error,
@@ -102,6 +104,7 @@ def save(
     custom_metadata: Mapping[str, Any],
     on_block_written: Callable[[BlockWritten], None] | None = None,
     keep_unfinished: bool = False,
+    cancel: threading.Event | None = None,
 ) -> str:
   """Saves `plan` as step 0 of `output_dir`; returns the items path MaxText loads.
 
@@ -113,7 +116,7 @@ def save(
     unhandled = unhandled_leaves(tree)
     if unhandled:
       raise ConversionError(f"{output_dir}: no Orbax leaf handler for: {'; '.join(unhandled[:5])}")
-    options = WriteOptions(max_inflight_bytes=max_inflight_bytes, on_block_written=on_block_written)
+    options = WriteOptions(max_inflight_bytes=max_inflight_bytes, on_block_written=on_block_written, cancel=cancel)
     checkpointer = ocp.v1.training.Checkpointer(output_dir, context=lazy_tensor_context(options))
     try:
       checkpointer.save_checkpointables(STEP, {ITEMS: tree}, custom_metadata=dict(custom_metadata))
@@ -125,6 +128,8 @@ def save(
     if isinstance(e, (ConversionError, KeyboardInterrupt, SystemExit)):
       raise
     logging.vlog(1, "save failed", exc_info=True)
+    if isinstance(e, SaveCancelled) or (cancel is not None and cancel.is_set()):
+      raise ConversionError(f"{output_dir}: interrupted") from e
     if isinstance(e, (LazyTensorLoadError, LazyTensorWriteError)):
       raise ConversionError(f"{output_dir}: {e}") from e
     raise ConversionError(

@@ -20,7 +20,7 @@ from handlers.leaf_handler import (
 from handlers.registry import ITEMS, build_lazy_tensor_checkpointables_registry, lazy_tensor_context
 from handlers.tree_handler import LazyTensorPyTreeHandler, unhandled_leaves
 from handlers.v0_registration import LazyTensorV0Handler, register_v0_type_handler
-from handlers.write_options import DEFAULT_MAX_INFLIGHT_BYTES, BlockWritten, WriteOptions
+from handlers.write_options import DEFAULT_MAX_INFLIGHT_BYTES, BlockWritten, SaveCancelled, WriteOptions
 
 register_v0_type_handler()
 
@@ -37,6 +37,7 @@ __all__ = [
     "LazyTensorPyTreeHandler",
     "LazyTensorV0Handler",
     "RegionLoader",
+    "SaveCancelled",
     "ShardedLazyTensor",
     "ShardedLazyTensorLeafHandler",
     "TensorLoader",

@@ -11,7 +11,7 @@ import tensorstore as ts
 from handlers import _orbax_private
 from handlers.byte_budget import ByteBudget
 from handlers.lazy_tensor import LazyTensor, LazyTensorWriteError, block_indices, brief_error
-from handlers.write_options import BlockWritten, WriteOptions
+from handlers.write_options import BlockWritten, SaveCancelled, WriteOptions
 
 
 async def _write_block(
@@ -118,6 +118,8 @@ async def write_lazy_tensors(
       for index in block_indices(lazy.shape, block):
         if errors:
           raise errors[0]
+        if options.cancel is not None and options.cancel.is_set():
+          raise SaveCancelled("the save was cancelled before every block was written")
         nbytes = math.prod(s.stop - s.start for s in index) * lazy.itemsize
         await budget.acquire(nbytes)
         task = asyncio.create_task(_write_block(store, lazy, info.name, index, nbytes, budget, options))

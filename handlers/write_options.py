@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import threading
 from typing import Callable
 
 DEFAULT_MAX_INFLIGHT_BYTES = 256 << 20
@@ -22,6 +23,12 @@ class WriteOptions:
   max_inflight_bytes: int = DEFAULT_MAX_INFLIGHT_BYTES
   # Called on the save's event loop after each block's write has completed (progress bars, resume journals).
   on_block_written: Callable[[BlockWritten], None] | None = None
+  # Set it (from a signal handler, say) to stop before the next block: the save then fails and never commits.
+  cancel: threading.Event | None = None
+
+
+class SaveCancelled(RuntimeError):
+  """The save was stopped through `WriteOptions.cancel`."""
 
 
 def configured(cls: type, options: WriteOptions) -> type:

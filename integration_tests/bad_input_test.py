@@ -1,0 +1,198 @@
+"""Bad input: each case exits 1 with one message naming the file, tensor and reason, and leaves nothing that
+looks like a finished checkpoint (no OUT/0, no commit_success.txt anywhere under OUT).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+from absl.testing import absltest
+
+from integration_tests import harness
+
+harness.start_jax()
+
+import numpy as np  # pylint: disable=g-import-not-at-top,g-bad-import-order
+from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
+
+from tools import tiny_models  # pylint: disable=g-import-not-at-top
+from tools.safetensors_writer import write_safetensors  # pylint: disable=g-import-not-at-top
+
+SAFETENSORS = "model.safetensors"
+
+
+def _committed_anything(out: str) -> list[str]:
+  found = [os.path.join(d, f) for d, _, fs in os.walk(out) for f in fs if f == "commit_success.txt"]
+  if os.path.exists(os.path.join(out, "0")):
+    found.append(os.path.join(out, "0"))
+  return found
+
+
+def _can_mount_tmpfs() -> bool:
+  probe = harness.scratch_dir("mount-probe-")
+  result = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c",
+                           f"mount -t tmpfs -o size=64k tmpfs {probe}"], capture_output=True, check=False)
+  return result.returncode == 0
+
+
+class BadInputTest(absltest.TestCase):
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.good = tiny_models.build_tiny_model("qwen3", harness.scratch_dir("good-"), num_hidden_layers=2)
+    cls.tensors = load_file(os.path.join(cls.good, SAFETENSORS))
+    with open(os.path.join(cls.good, "config.json")) as f:
+      cls.config = json.load(f)
+
+  def variant(self, *, config=None, tensors=None, drop_config=False) -> str:
+    """A copy of the good checkpoint with its config or tensors replaced."""
+    path = harness.scratch_dir("bad-")
+    if not drop_config:
+      with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(self.config if config is None else config, f)
+    if tensors is None:
+      shutil.copy(os.path.join(self.good, SAFETENSORS), path)
+    else:
+      write_safetensors(os.path.join(path, SAFETENSORS), tensors)
+    return path
+
+  def assert_refused(self, model_dir: str, *expected: str, flags: tuple[str, ...] = (), out: str | None = None):
+    out = out or harness.scratch_dir("out-")
+    result = harness.run_converter(f"--hf_model_path={model_dir}", f"--output_dir={out}",
+                                   "--simulated_cpu_devices_count=1", *flags, check=False)
+    self.assertEqual(result.returncode, 1, result.stderr[-2000:])
+    error_lines = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    self.assertLen(error_lines, 1, result.stderr[-2000:])
+    for text in expected:
+      self.assertIn(text, error_lines[0])
+    self.assertNotIn("Traceback", result.stderr)
+    self.assertEqual(_committed_anything(out), [])
+    return error_lines[0]
+
+  def test_missing_config(self):
+    path = self.variant(drop_config=True)
+    self.assert_refused(path, os.path.join(path, "config.json"), "missing")
+
+  def test_malformed_config(self):
+    path = self.variant()
+    with open(os.path.join(path, "config.json"), "w") as f:
+      f.write('{"architectures": ["Qwen3ForCausalLM"], "hidden_size": ')
+    self.assert_refused(path, "config.json", "malformed")
+
+  def test_config_missing_a_dimension(self):
+    config = dict(self.config)
+    del config["num_hidden_layers"]
+    self.assert_refused(self.variant(config=config), "config.json", "num_hidden_layers")
+
+  def test_unsupported_architecture_lists_supported(self):
+    config = dict(self.config, architectures=["FalconForCausalLM"])
+    error = self.assert_refused(self.variant(config=config), "config.json", "FalconForCausalLM")
+    for supported in ("LlamaForCausalLM", "MistralForCausalLM", "Qwen3ForCausalLM", "MixtralForCausalLM"):
+      self.assertIn(supported, error)
+
+  def test_truncated_safetensors(self):
+    path = self.variant()
+    file = os.path.join(path, SAFETENSORS)
+    os.truncate(file, os.path.getsize(file) - 4096)
+    self.assert_refused(path, file, "truncated file", "model.")
+
+  def test_corrupt_header_length(self):
+    path = self.variant()
+    file = os.path.join(path, SAFETENSORS)
+    with open(file, "r+b") as f:
+      f.write((1 << 60).to_bytes(8, "little"))
+    self.assert_refused(path, file, "corrupt safetensors header")
+
+  def test_corrupt_header_json(self):
+    path = self.variant()
+    file = os.path.join(path, SAFETENSORS)
+    with open(file, "r+b") as f:
+      f.seek(8)
+      f.write(b"{{{{garbage")
+    self.assert_refused(path, file, "corrupt safetensors header", "not valid JSON")
+
+  def test_index_names_missing_shard(self):
+    path = tiny_models.build_tiny_model("qwen3", harness.scratch_dir("sharded-"), num_hidden_layers=2,
+                                        max_shard_size="500KB")
+    shards = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
+    self.assertGreater(len(shards), 1)
+    os.remove(os.path.join(path, shards[-1]))
+    self.assert_refused(path, "model.safetensors.index.json", shards[-1], "does not exist")
+
+  def test_missing_tensor(self):
+    tensors = {k: v for k, v in self.tensors.items() if k != "model.layers.1.mlp.up_proj.weight"}
+    self.assert_refused(self.variant(tensors=tensors), "model.layers.1.mlp.up_proj.weight", "missing")
+
+  def test_unexpected_tensor_refused_then_allowed(self):
+    tensors = dict(self.tensors, **{"model.layers.0.mlp.extra_proj.weight": np.zeros((4, 4), np.float32)})
+    path = self.variant(tensors=tensors)
+    self.assert_refused(path, "model.layers.0.mlp.extra_proj.weight", "--allow_unused_tensors")
+    out = harness.scratch_dir("out-")
+    result = harness.run_converter(f"--hf_model_path={path}", f"--output_dir={out}", "--simulated_cpu_devices_count=1",
+                                   "--allow_unused_tensors")
+    self.assertIn("warning:       1 unused tensor(s): model.layers.0.mlp.extra_proj.weight", result.stdout)
+    self.assertTrue(os.path.exists(os.path.join(out, "0", "commit_success.txt")))
+
+  def test_shape_disagrees_with_config(self):
+    config = dict(self.config, intermediate_size=self.config["intermediate_size"] + 8)
+    self.assert_refused(self.variant(config=config), SAFETENSORS, "mlp.gate_proj.weight", "has shape", "implies")
+
+  def test_quantized_integer_weights(self):
+    name = "model.layers.0.self_attn.q_proj.weight"
+    tensors = dict(self.tensors, **{name: self.tensors[name].astype(np.int8)})
+    self.assert_refused(self.variant(tensors=tensors), name, "I8", "dequantized")
+
+  def test_existing_checkpoint_needs_overwrite(self):
+    out = harness.scratch_dir("out-")
+    harness.run_converter(f"--hf_model_path={self.good}", f"--output_dir={out}", "--simulated_cpu_devices_count=1")
+    result = harness.run_converter(f"--hf_model_path={self.good}", f"--output_dir={out}",
+                                   "--simulated_cpu_devices_count=1", check=False)
+    self.assertEqual(result.returncode, 1)
+    self.assertIn("already exists", result.stderr)
+    self.assertIn("--overwrite", result.stderr)
+    self.assertTrue(os.path.exists(os.path.join(out, "0", "commit_success.txt")))  # Untouched.
+    harness.run_converter(f"--hf_model_path={self.good}", f"--output_dir={out}", "--simulated_cpu_devices_count=1",
+                          "--overwrite")
+
+  def _in_tmpfs(self, mount_options: str, *flags: str) -> subprocess.CompletedProcess:
+    """Runs the converter with OUT on a private tmpfs (a user+mount namespace: no root needed, nothing leaks)."""
+    if not _can_mount_tmpfs():
+      self.skipTest("cannot mount a private tmpfs here (unshare --user --mount refused)")
+    mount_point = harness.scratch_dir("tmpfs-")
+    env = dict(os.environ, PYTHONPATH=harness.REPO_ROOT)
+    env.pop("HF2MAXTEXT_TEST_PLATFORM", None)
+    script = (f"mount -t tmpfs -o {mount_options} tmpfs {mount_point} && "
+              f"{sys.executable} {harness.CONVERTER_MAIN} --hf_model_path={self.good} "
+              f"--output_dir={mount_point}/out --simulated_cpu_devices_count=1 {' '.join(flags)}; rc=$?; "
+              f"find {mount_point} -name commit_success.txt; test -e {mount_point}/out/0 && echo STEP_DIR_EXISTS; "
+              "exit $rc")
+    return subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script],
+                          env=env, capture_output=True, text=True, timeout=600, check=False)
+
+  def test_full_disk(self):
+    result = self._in_tmpfs("size=256k")
+    self.assertEqual(result.returncode, 1, result.stderr[-2000:])
+    error = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    self.assertLen(error, 1)
+    self.assertIn("No space left on device", error[0])
+    self.assertRegex(error[0], r"tensor '[a-z_/]+")  # Names the leaf being written.
+    self.assertNotIn("commit_success.txt", result.stdout)
+    self.assertNotIn("STEP_DIR_EXISTS", result.stdout)
+
+  def test_read_only_output(self):
+    result = self._in_tmpfs("size=1m,ro")
+    self.assertEqual(result.returncode, 1, result.stderr[-2000:])
+    error = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    self.assertLen(error, 1)
+    self.assertRegex(error[0], r"Read-only file system|not writable")
+    self.assertIn("/out", error[0])
+    self.assertNotIn("STEP_DIR_EXISTS", result.stdout)
+
+
+if __name__ == "__main__":
+  absltest.main()

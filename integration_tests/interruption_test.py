@@ -1,0 +1,101 @@
+"""Killed or interrupted mid-save: nothing committed; `--resume` finishes byte-for-byte what a clean run writes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from absl.testing import absltest, parameterized
+
+from integration_tests import harness
+
+harness.start_jax()
+
+from tools import checkpoint_io, synthetic_checkpoint  # pylint: disable=g-import-not-at-top
+
+JOURNAL_DIR = "0.hf2maxtext-resume"
+
+
+def _committed_anything(out: str) -> list[str]:
+  found = [os.path.join(d, f) for d, _, fs in os.walk(out) for f in fs if f == "commit_success.txt"]
+  return found + ([os.path.join(out, "0")] if os.path.exists(os.path.join(out, "0")) else [])
+
+
+def _journaled_blocks(out: str) -> int:
+  directory = os.path.join(out, JOURNAL_DIR)
+  if not os.path.isdir(directory):
+    return 0
+  total = 0
+  for name in os.listdir(directory):
+    if name.endswith(".journal"):
+      with open(os.path.join(directory, name)) as f:
+        total += sum(1 for _ in f)
+  return total
+
+
+class InterruptionTest(parameterized.TestCase):
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    # About 100 MB in 64-expert layers: 0.8 MiB natural blocks, so a 2 MiB budget makes dozens of writes.
+    config = synthetic_checkpoint.qwen3_moe_config(hidden=512, layers=4, experts=64, moe_dim=256, heads=8,
+                                                   kv_heads=2, head_dim=64, vocab=4096)
+    cls.model = harness.scratch_dir("interrupt-hf-")
+    synthetic_checkpoint.write_checkpoint(cls.model, config, list(synthetic_checkpoint.qwen3_moe_shapes(config)))
+    cls.reference = os.path.join(harness.scratch_dir("clean-"), "out")
+    harness.run_converter(*cls.flags(cls.reference))
+
+  @classmethod
+  def flags(cls, out: str, *extra: str) -> list[str]:
+    return [f"--hf_model_path={cls.model}", f"--output_dir={out}", "--simulated_cpu_devices_count=1",
+            "--max_inflight_bytes=2097152", "--noprogress", *extra]
+
+  def _start_and_stop(self, out: str, sig: int) -> subprocess.CompletedProcess:
+    """Starts a conversion, waits until some blocks are durably written, then sends `sig`."""
+    env = dict(os.environ, PYTHONPATH=harness.REPO_ROOT)
+    child = subprocess.Popen([sys.executable, harness.CONVERTER_MAIN, *self.flags(out)], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while _journaled_blocks(out) < 8 and child.poll() is None and time.monotonic() < deadline:
+      time.sleep(0.01)
+    self.assertIsNone(child.poll(), "the conversion finished before it could be interrupted")
+    child.send_signal(sig)
+    stdout, stderr = child.communicate(timeout=300)
+    return subprocess.CompletedProcess(child.args, child.returncode, stdout, stderr)
+
+  @parameterized.named_parameters(("sigkill", signal.SIGKILL), ("sigint", signal.SIGINT))
+  def test_interrupt_commits_nothing_and_resume_finishes_identically(self, sig):
+    out = os.path.join(harness.scratch_dir("interrupted-"), "out")
+    stopped = self._start_and_stop(out, sig)
+    self.assertNotEqual(stopped.returncode, 0)
+    self.assertEqual(_committed_anything(out), [])
+    self.assertGreater(_journaled_blocks(out), 0)
+    if sig == signal.SIGINT:
+      self.assertIn("--resume", stopped.stderr)
+
+    resumed = harness.run_converter(*self.flags(out, "--resume", "--verify"))
+    reused = int(resumed.stdout.split("resumed:")[1].split()[0])
+    self.assertGreater(reused, 0)
+    self.assertIn(", 0 mismatches", resumed.stdout)
+    self.assertFalse(os.path.exists(os.path.join(out, JOURNAL_DIR)))
+    diffs = checkpoint_io.trees_bit_identical(
+        checkpoint_io.restore_v0(os.path.join(out, "0", "items")),
+        checkpoint_io.restore_v0(os.path.join(self.reference, "0", "items")),
+    )
+    self.assertEqual(diffs, [])
+
+  def test_resume_refuses_changed_inputs(self):
+    out = os.path.join(harness.scratch_dir("changed-"), "out")
+    self._start_and_stop(out, signal.SIGKILL)
+    result = harness.run_converter(*self.flags(out, "--resume", "--save_dtype=float32"), check=False)
+    self.assertEqual(result.returncode, 1)
+    self.assertIn("cannot resume", result.stderr)
+    self.assertEqual(_committed_anything(out), [])
+
+
+if __name__ == "__main__":
+  absltest.main()
