@@ -125,8 +125,9 @@ def _file_map(path: str) -> mmap.mmap:
   return mapped
 
 
-def read_tensor(info: TensorInfo, dtype: np.dtype | None = None) -> np.ndarray:
-  """A private copy of the tensor, cast to `dtype` (no float32 round trip when the dtypes already match).
+def read_tensor(info: TensorInfo, dtype: np.dtype | None = None, rows: tuple[int, int] | None = None) -> np.ndarray:
+  """A private copy of the tensor (or of its rows `rows[0]:rows[1]`), cast to `dtype` (no float32 round trip
+  when the dtypes already match).
 
   The pages read are dropped from this process right after the copy: they are file-backed and would
   otherwise count towards its resident memory until the whole checkpoint had been read.
@@ -135,13 +136,18 @@ def read_tensor(info: TensorInfo, dtype: np.dtype | None = None) -> np.ndarray:
     mapped = _file_map(info.path)
   except (OSError, ValueError) as e:
     raise ConversionError(f"{info.path}: cannot map file to read tensor {info.name!r}: {e}") from e
-  raw = np.frombuffer(mapped, dtype=np.uint8, count=info.nbytes, offset=info.begin)
-  view = raw.view(info.dtype).reshape(info.shape)
+  shape, begin, end = info.shape, info.begin, info.end
+  if rows is not None:
+    row_bytes = info.nbytes // max(1, info.shape[0])
+    shape = (rows[1] - rows[0],) + info.shape[1:]
+    begin, end = info.begin + rows[0] * row_bytes, info.begin + rows[1] * row_bytes
+  raw = np.frombuffer(mapped, dtype=np.uint8, count=end - begin, offset=begin)
+  view = raw.view(info.dtype).reshape(shape)
   copy = view.astype(dtype if dtype is not None else info.dtype, copy=True)
   del raw, view
-  start = info.begin - info.begin % _PAGE
+  start = begin - begin % _PAGE
   try:
-    mapped.madvise(mmap.MADV_DONTNEED, start, info.end - start)
+    mapped.madvise(mmap.MADV_DONTNEED, start, end - start)
   except (OSError, ValueError, AttributeError):
     pass  # Only a memory hint; reading stays correct without it.
   return copy

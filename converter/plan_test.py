@@ -1,0 +1,74 @@
+"""Plan loaders: any block a loader hands out equals the same region of the whole tensor, bit for bit."""
+
+import json
+import os
+import tempfile
+from unittest import mock
+
+import numpy as np
+from absl.testing import absltest, parameterized
+
+from converter import families, ops, plan
+from converter.model_config import load_model_config
+from converter.safetensors_reader import open_checkpoint
+from handlers import LazyTensor, block_indices
+from tools.make_tiny_checkpoint import TINY_QWEN3_CONFIG, tiny_qwen3_tensors
+from tools.safetensors_writer import write_safetensors
+
+
+def _assembled(leaf):
+  lazy = LazyTensor(leaf.name, leaf.shape, leaf.dtype, leaf.loader)
+  out = np.zeros(leaf.shape, leaf.dtype)
+  for index in block_indices(leaf.shape, lazy.block_shape):
+    out[index] = lazy.read(index)
+  return out, lazy.block_shape
+
+
+class PlanLoadersTest(parameterized.TestCase):
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.model_dir = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
+    with open(os.path.join(cls.model_dir, "config.json"), "w") as f:
+      json.dump(TINY_QWEN3_CONFIG, f)
+    write_safetensors(os.path.join(cls.model_dir, "model.safetensors"), tiny_qwen3_tensors(TINY_QWEN3_CONFIG))
+
+  def _plan(self, **kwargs):
+    config = load_model_config(self.model_dir)
+    return plan.build_plan(open_checkpoint(self.model_dir), config, families.family_for_architecture(
+        config.architecture), target_model="qwen3", save_dtype=kwargs.pop("save_dtype", "float32"), **kwargs)
+
+  @parameterized.parameters((True, "float32"), (False, "bfloat16"))
+  def test_blocks_reassemble_every_leaf(self, scan_layers, save_dtype):
+    # Row blocks kick in for any tensor above the threshold; a tiny threshold exercises them on tiny tensors.
+    with mock.patch.object(plan, "ROW_BLOCK_BYTES", 2048):
+      the_plan = self._plan(scan_layers=scan_layers, save_dtype=save_dtype, target_vocab_size=300)
+      block_shapes = {}
+      for leaf in the_plan.leaves:
+        assembled, block_shapes[leaf.name] = _assembled(leaf)
+        whole = leaf.loader()
+        self.assertEqual(assembled.tobytes(), whole.tobytes(), leaf.name)
+    self.assertLess(block_shapes["token_embedder/embedding"][0], 300)  # Rows in slabs, vocab padded to 300.
+    self.assertLess(block_shapes["decoder/logits_dense/kernel"][1], 300)
+
+  def test_padded_vocab_rows_are_zero(self):
+    with mock.patch.object(plan, "ROW_BLOCK_BYTES", 2048):
+      leaf = next(l for l in self._plan(scan_layers=True, target_vocab_size=300).leaves
+                  if l.name == "token_embedder/embedding")
+      assembled, _ = _assembled(leaf)
+    np.testing.assert_array_equal(assembled[257:], 0)
+
+  def test_scanned_block_is_one_layer(self):
+    leaf = next(l for l in self._plan(scan_layers=True).leaves if l.name.endswith("query/kernel"))
+    lazy = LazyTensor(leaf.name, leaf.shape, leaf.dtype, leaf.loader)
+    self.assertEqual(lazy.block_shape, (64, 1, 4, 24))
+
+  def test_source_row_axis(self):
+    self.assertEqual(plan.source_row_axis((ops.PadRows(8), ops.ScaleInFloat32(2.0))), 0)
+    self.assertEqual(plan.source_row_axis((ops.Transpose(), ops.PadColumns(8))), 1)
+    self.assertIsNone(plan.source_row_axis((ops.Transpose(), ops.Reshape((2, 2)))))
+
+
+if __name__ == "__main__":
+  absltest.main()
