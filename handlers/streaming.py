@@ -21,7 +21,7 @@ async def _write_block(
   try:
     block = await asyncio.to_thread(lazy.read, index)
     try:
-      await store[index].write(block)
+      await store[index].write(block, can_reference_source_data_indefinitely=True)
     except Exception as e:
       raise LazyTensorWriteError(f"Failed to write tensor {lazy.name!r}: {brief_error(e)}") from e
   finally:
