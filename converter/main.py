@@ -106,8 +106,15 @@ def _run_to_huggingface() -> None:
     print(f"warning:       {warning}")
 
 
+_TO_MAXTEXT_ONLY = ("scan_layers", "lazy_load_tensors", "simulated_cpu_devices_count", "save_dtype",
+                    "target_vocab_size", "allow_unused_tensors", "max_inflight_bytes", "dry_run", "verify", "resume")
+
+
 def run() -> None:
   if FLAGS.direction == "to_huggingface":
+    ignored = [f"--{name}" for name in _TO_MAXTEXT_ONLY if FLAGS[name].present]
+    if ignored:
+      raise app.UsageError(f"{', '.join(ignored)} apply to --direction=to_maxtext only")
     _run_to_huggingface()
     return
   _start_jax(FLAGS.simulated_cpu_devices_count)

@@ -4,7 +4,7 @@ Every save keeps a journal of the blocks whose writes have completed (tensorstor
 OCDBT has committed it to disk), next to a fingerprint of the inputs and the plan:
 
   OUT/0.hf2maxtext-resume/fingerprint.json
-  OUT/0.hf2maxtext-resume/gen-N.journal     one JSON line per written block: {"a": array name, "s": start}
+  OUT/0.hf2maxtext-resume/gen-N.journal     one JSON line per written block: {"a": array name, "s": start, "e": stop}
   OUT/0.hf2maxtext-resume/gen-N/            attempt N's Orbax temporary directory, moved here after it died
 
 A killed save never commits (Orbax renames its temporary directory only when everything is written), so what
@@ -73,7 +73,7 @@ class Journal:
 
   def __call__(self, event: BlockWritten) -> None:
     with self._lock:
-      self._file.write(json.dumps({"a": event.array_name, "s": list(event.start)}) + "\n")
+      self._file.write(json.dumps({"a": event.array_name, "s": list(event.start), "e": list(event.stop)}) + "\n")
       self._file.flush()
       now = time.monotonic()
       if now - self._last_sync >= _FSYNC_INTERVAL_S:
@@ -92,13 +92,16 @@ def _generation(path: str) -> int:
   return int(os.path.basename(path).split("-")[1].split(".")[0])
 
 
-def _load_journal(path: str) -> list[tuple[str, tuple[int, ...]]]:
+Block = tuple[tuple[int, ...], tuple[int, ...]]  # (start, stop) of a region.
+
+
+def _load_journal(path: str) -> list[tuple[str, Block]]:
   entries = []
   with open(path, encoding="utf-8") as f:
     for line in f:
       try:
         entry = json.loads(line)
-        entries.append((entry["a"], tuple(entry["s"])))
+        entries.append((entry["a"], (tuple(entry["s"]), tuple(entry["e"]))))
       except (json.JSONDecodeError, KeyError, TypeError):
         break  # A torn last line: everything before it stands.
   return entries
@@ -112,12 +115,12 @@ def _data_root(generation_dir: str) -> str | None:
 
 @dataclasses.dataclass(frozen=True)
 class Salvage:
-  """Blocks already written by earlier attempts: (array name, start) -> that generation's OCDBT root."""
+  """Blocks already written by earlier attempts: (array name, block) -> that generation's OCDBT root."""
 
-  blocks: dict[tuple[str, tuple[int, ...]], str]
+  blocks: dict[tuple[str, Block], str]
 
-  def for_array(self, array_name: str) -> dict[tuple[int, ...], str]:
-    return {start: root for (name, start), root in self.blocks.items() if name == array_name}
+  def for_array(self, array_name: str) -> dict[Block, str]:
+    return {block: root for (name, block), root in self.blocks.items() if name == array_name}
 
 
 def prepare(output_dir: str, plan: Plan, *, resume: bool) -> tuple[Salvage, Journal]:
@@ -126,7 +129,7 @@ def prepare(output_dir: str, plan: Plan, *, resume: bool) -> tuple[Salvage, Jour
   stale_tmp = os.path.join(output_dir, ORBAX_TMP)
   current = fingerprint(plan)
   fingerprint_path = os.path.join(directory, "fingerprint.json")
-  salvage: dict[tuple[str, tuple[int, ...]], str] = {}
+  salvage: dict[tuple[str, Block], str] = {}
   generation = 0
   if resume and os.path.isfile(fingerprint_path):
     with open(fingerprint_path, encoding="utf-8") as f:
@@ -204,11 +207,15 @@ def _open_salvaged(root: str, array_name: str) -> Any:
 
 @dataclasses.dataclass(frozen=True)
 class SalvagingLoader:
-  """A leaf loader that returns blocks an earlier attempt wrote, and asks `inner` for the rest."""
+  """A leaf loader that returns blocks an earlier attempt wrote, and asks `inner` for the rest.
+
+  Only a region that is exactly a journaled block is copied (a resumed run with another budget may cut the
+  leaf into other blocks; those are recomputed).
+  """
 
   inner: Any
   array_name: str
-  salvaged: dict[tuple[int, ...], str]
+  salvaged: dict[Block, str]
 
   @property
   def block_shape(self) -> tuple[int, ...]:
@@ -218,7 +225,7 @@ class SalvagingLoader:
     return self.inner()
 
   def region(self, index: tuple[slice, ...]) -> np.ndarray:
-    root = self.salvaged.get(tuple(s.start for s in index))
+    root = self.salvaged.get((tuple(s.start for s in index), tuple(s.stop for s in index)))
     if root is not None:
       try:
         return np.asarray(_open_salvaged(root, self.array_name)[index].read().result())

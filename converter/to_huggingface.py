@@ -2,9 +2,10 @@
 
 Derived from the same family descriptions as the forward direction, with no second table: every `Param` of the
 family's layout names its MaxText leaf, its HF tensor and the ops between them, and `ops.inverse_ops` undoes
-those ops. Layer stacking (axis 1 of a scanned leaf) and expert stacking (axis 0) are undone by indexing: each HF
-tensor is one slice of one leaf, read on its own (converter/checkpoint_reader.py), transformed, and streamed into
-the current shard file. Memory: one HF tensor plus one leaf's chunk cache (see checkpoint_reader).
+those ops. The layout's layer groups (`decoder/layers`, `layers_{i}`, Gemma 3's blocks, Gemma 2's paired layers)
+say which leaf holds which layer; layer stacking (axis 1 of a scanned leaf) and expert stacking (axis 0) are undone
+by indexing: each HF tensor is one slice of one leaf, read on its own (converter/checkpoint_reader.py),
+transformed, and streamed into the current shard file. Memory: one HF tensor plus one leaf's chunk cache.
 
 The HF config comes from the checkpoint's custom metadata (`hf2maxtext.hf_config`, recorded by the forward
 direction) or from `hf_config_path`; it is written back as config.json with its dtype set to the checkpoint's.
@@ -12,11 +13,13 @@ Everything is written into a temporary directory next to `output_dir` and rename
 failed conversion leaves nothing that looks finished.
 
 Exactness: transposes, reshapes, the RoPE permutation, vocab padding and stacking are undone bit for bit. Query
-scaling (llama, mistral, mixtral targets) is float arithmetic: see ops.DivideInFloat32 (within 1 ulp).
+scaling (llama, mistral, mixtral targets) is float arithmetic, undone within 1 ulp (ops.DivideInFloat32); so is
+Gemma's `w + 1` norm storage (within 1 ulp of |w| + 1). Vocab padding rows are dropped.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import math
@@ -32,7 +35,7 @@ from absl import logging
 
 from converter import families
 from converter.errors import ConversionError
-from converter.families import Family, Param
+from converter.families import Family, LayerGroup, Param
 from converter.model_config import ModelConfig, load_model_config
 from converter.ops import Op, inverse_ops, is_exact, output_shape
 from converter.plan import SCAN_AXIS
@@ -249,30 +252,28 @@ def _model_config(config: dict[str, Any], source: str) -> ModelConfig:
   return dataclasses.replace(parsed, path=source)
 
 
-def _slices(param: Param, num_layers: int, scan_layers: bool) -> Iterator[tuple[tuple[str, ...], tuple[Any, ...], int | None, int | None]]:
-  """(leaf keys under `decoder`, index, layer, expert) for every HF tensor of a layer param, in storage order.
+def _slices(param: Param, group: LayerGroup) -> Iterator[tuple[tuple[Any, ...], int, int | None]]:
+  """(index into the group's leaf, HF layer, expert) for every HF tensor of `param` in `group`, in storage order.
 
-  Scanned leaves put the layer on axis 1 (SCAN_AXIS) and experts first: (X, L, ...). Experts outermost, layers
-  next, keeps consecutive reads inside the same chunks.
+  A stacked group's leaf has the layer on axis 1 (SCAN_AXIS) after the experts: (X, L, ...) or (d0, L, ...).
+  Experts outermost, layers next: consecutive reads stay inside the same chunks.
   """
-  keys = tuple(param.maxtext.split("/"))
-  experts = range(param.experts) if param.experts else [None]
-  if scan_layers:
-    assert SCAN_AXIS == 1
-    for expert in experts:
-      for layer in range(num_layers):
-        lead = (expert,) if expert is not None else (slice(None),)
-        yield ("layers",) + keys, lead + (layer,), layer, expert
-  else:
-    for layer in range(num_layers):
-      for expert in experts:
-        yield (f"layers_{layer}",) + keys, ((expert,) if expert is not None else ()), layer, expert
+  assert SCAN_AXIS == 1
+  for expert in range(param.experts) if param.experts else [None]:
+    lead = (expert,) if expert is not None else ()
+    for position, layer in enumerate(group.layers):
+      if group.stacked:
+        index = (lead or (slice(None),)) + (position,)
+      else:
+        index = lead
+      yield index, param.hf_layer(layer), expert
 
 
-def _leaf_shape(per_tensor: Shape, param: Param, num_layers: int, scan_layers: bool, in_layer: bool) -> Shape:
+def _leaf_shape(per_tensor: Shape, param: Param, stacked_layers: int | None) -> Shape:
+  """The leaf holding `param`: experts first, then (stacked groups) the layers on SCAN_AXIS."""
   shape = ((param.experts,) if param.experts else ()) + tuple(per_tensor)
-  if in_layer and scan_layers:
-    shape = shape[:SCAN_AXIS] + (num_layers,) + shape[SCAN_AXIS:]
+  if stacked_layers is not None:
+    shape = shape[:SCAN_AXIS] + (stacked_layers,) + shape[SCAN_AXIS:]
   return shape
 
 
@@ -356,25 +357,35 @@ def plan_to_huggingface(
     used.add(keys)
     return array
 
-  def add(param: Param, keys: tuple[str, ...], index: tuple[Any, ...], layer: int | None, expert: int | None,
-          in_layer: bool) -> None:
+  def add(param: Param, keys: tuple[str, ...], group: LayerGroup | None) -> None:
     try:
       per_tensor = output_shape(param.ops, param.hf_shape)
       ops = inverse_ops(param.ops, param.hf_shape)
     except ValueError as e:
       raise ConversionError(f"{source}: {param.hf}: {e}") from e
-    array = leaf(keys, _leaf_shape(per_tensor, param, layout.num_layers, scan_layers, in_layer))
-    name = param.hf.format(layer=layer, expert=expert)
-    tensors.append(HfTensor(name, tuple(param.hf_shape), array.dtype, PARAMS + keys, index, ops, is_exact(param.ops)))
+    stacked = len(group.layers) if group is not None and group.stacked else None
+    array = leaf(keys, _leaf_shape(per_tensor, param, stacked))
+    if group is None:
+      if param.experts:
+        raise ConversionError(f"{fam.name}: top-level parameter {param.maxtext} with experts is not supported")
+      slices = [((), None, None)]
+    else:
+      slices = _slices(param, group)
+    for index, layer, expert in slices:
+      name = param.hf.format(layer=layer, expert=expert)
+      tensors.append(HfTensor(name, tuple(param.hf_shape), array.dtype, PARAMS + keys, index, ops,
+                              is_exact(param.ops)))
 
   for param in layout.top:
-    if param.experts:
-      raise ConversionError(f"{fam.name}: top-level parameter {param.maxtext} with experts is not supported")
-    add(param, tuple(param.maxtext.split("/")), (), None, None, in_layer=False)
-  for param in layout.layer:
-    for keys, index, layer, expert in _slices(param, layout.num_layers, scan_layers):
-      add(param, ("decoder",) + keys, index, layer, expert, in_layer=True)
+    add(param, tuple(param.maxtext.split("/")), None)
+  for group in layout.layer_groups(layout.num_layers, scan_layers):
+    for param in layout.layer:
+      add(param, tuple(group.path) + tuple(param.maxtext.split("/")), group)
 
+  counts = collections.Counter(t.name for t in tensors)
+  if len(counts) != len(tensors):
+    duplicates = sorted(n for n, c in counts.items() if c > 1)
+    raise ConversionError(f"{fam.name}: the layout maps several leaves to HF tensor(s) {', '.join(duplicates[:5])}")
   unused = sorted(_show(k) for k in params if k not in used)
   if unused:
     shown = ", ".join(unused[:5]) + (" ..." if len(unused) > 5 else "")
@@ -389,8 +400,8 @@ def plan_to_huggingface(
     warnings.append(f"vocabulary padded to {target_vocab} in MaxText: rows {config.vocab_size}.. are dropped")
   inexact = sum(not t.exact for t in tensors)
   if inexact:
-    warnings.append(f"{inexact} tensor(s) were scaled in float arithmetic (query kernels); undone to within one"
-                    " unit in the last place, not bit for bit")
+    warnings.append(f"{inexact} tensor(s) were transformed in float arithmetic (query scale, norm offset): undone"
+                    " to within one unit in the last place, not bit for bit")
   return ReversePlan(items_path, fam, config, hf_config, target, scan_layers, dtypes[-1], tuple(tensors),
                      tuple(warnings))
 

@@ -27,7 +27,9 @@ async def _write_block(
   finally:
     await budget.release(nbytes)
   if options.on_block_written is not None:
-    options.on_block_written(BlockWritten(array_name, tuple(s.start for s in index), nbytes))
+    options.on_block_written(
+        BlockWritten(array_name, tuple(s.start for s in index), tuple(s.stop for s in index), nbytes)
+    )
 
 
 TARGET_BLOCK_BYTES = 64 << 20
@@ -41,11 +43,12 @@ def write_block_shape(lazy: LazyTensor, target_bytes: int = TARGET_BLOCK_BYTES) 
   """The loader's natural blocks, grouped along stacked axes up to about `target_bytes` per write.
 
   A natural block can be tiny (one expert of one layer), and every tensorstore write is a durable OCDBT commit,
-  so writing them one by one is slow. Axes are grown innermost first, by whole divisors, so the blocks still
-  tile the array exactly and keep expert granularity on the leading axis as long as possible.
+  so writing them one by one is slow. Axes are grown outermost first, by whole divisors, so the blocks still
+  tile the array exactly and a scanned MoE leaf (experts, layers, ...) is grouped by experts within one layer
+  before it spans layers: a reader taking one layer at a time (the reverse conversion) decodes little else.
   """
   block = list(lazy.block_shape)
-  for axis in reversed(range(len(block))):
+  for axis in range(len(block)):
     if block[axis] == lazy.shape[axis] or lazy.shape[axis] % block[axis]:
       continue
     block_bytes = math.prod(block) * lazy.itemsize
@@ -112,7 +115,8 @@ async def write_lazy_tensors(
   metadatas = []
   try:
     for lazy, info, arg in zip(values, infos, args):
-      block = write_block_shape(lazy)
+      # Several blocks in flight keep both cores and the disk busy; a small budget makes small blocks.
+      block = write_block_shape(lazy, min(TARGET_BLOCK_BYTES, options.max_inflight_bytes // 4))
       store, metadata = await _open(lazy, block, info, arg, metadata_key)
       metadatas.append(metadata)
       for index in block_indices(lazy.shape, block):

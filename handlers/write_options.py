@@ -15,6 +15,7 @@ class BlockWritten:
 
   array_name: str
   start: tuple[int, ...]
+  stop: tuple[int, ...]
   nbytes: int
 
 

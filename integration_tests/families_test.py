@@ -30,9 +30,12 @@ FAMILY_ROWS = [
     ("qwen3", "qwen3", "qwen3"),
     ("qwen3_moe", "qwen3_moe", "qwen3"),
     ("mixtral", "mixtral", "mixtral"),
+    ("gemma", "gemma", "gemma"),
+    ("gemma2", "gemma2", "gemma2"),
+    ("gemma3", "gemma3", "gemma3-4b"),
 ]
 CELLS = [
-    dict(testcase_name=f"{model}_devices{d}_{'scan' if s else 'noscan'}", model=model, family=family, target=target,
+    dict(testcase_name=f"{model.replace('.', '_')}_devices{d}_{'scan' if s else 'noscan'}", model=model, family=family, target=target,
          devices=d, scan=s)
     for (model, family, target), d, s in itertools.product(FAMILY_ROWS, (1, 16), (True, False))
 ]
