@@ -51,6 +51,8 @@ def _rope_theta(raw: Mapping[str, Any]) -> float:
   if raw.get("rope_theta") is not None:
     return float(raw["rope_theta"])
   rope_parameters = raw.get("rope_parameters") or {}
+  # transformers 5 nests per-attention-type settings for models with local and global layers (Gemma3).
+  rope_parameters = rope_parameters.get("full_attention", rope_parameters)
   return float(rope_parameters.get("rope_theta", 10000.0))
 
 

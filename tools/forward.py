@@ -4,6 +4,9 @@ The validator runs this on a converted checkpoint and compares its logits with t
 It follows MaxText's decoder, not HF's: kernels in (in, heads, head_dim) layout, attention scaled at run time
 only when the family does not bake the scale into the query kernel, interleaved RoPE pairs when the target's
 rotary embedding uses them. A conversion error in any of those shows up as a logits difference here.
+Gemma-style decoders add norms on the attention and MLP outputs, gelu (tanh) MLPs, sliding-window local layers
+with their own rope base, soft caps, several HF layers per MaxText layer and block-scanned layer groups; all of it
+is read from the family's DecoderSemantics.
 """
 
 from __future__ import annotations
@@ -16,12 +19,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from converter.families import DecoderSemantics
+from converter.families.base import standard_layer_groups
 from converter.plan import SCAN_AXIS
 
 
 @dataclasses.dataclass(frozen=True)
 class ForwardConfig:
-  num_layers: int
+  num_layers: int  # HF layers.
   head_dim: int
   rms_norm_eps: float
   rope_theta: float
@@ -35,8 +39,14 @@ def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
   return x * jax.lax.rsqrt(variance + eps) * scale
 
 
-def rope_frequencies(head_dim: int, theta: float, llama3_scaling: bool = False) -> jax.Array:
-  frequencies = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+def soft_cap(x: jax.Array, cap: float | None) -> jax.Array:
+  return jnp.tanh(x / cap) * cap if cap else x
+
+
+def rope_frequencies(
+    head_dim: int, theta: float, llama3_scaling: bool = False, linear_scaling: float = 1.0
+) -> jax.Array:
+  frequencies = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim)) / linear_scaling
   if not llama3_scaling:
     return frequencies
   # MaxText's llama3.1 rotary embedding: factor 8, low 1, high 4, original context 8192, fixed.
@@ -49,11 +59,12 @@ def rope_frequencies(head_dim: int, theta: float, llama3_scaling: bool = False) 
 
 
 def apply_rope(
-    x: jax.Array, positions: jax.Array, theta: float, interleaved: bool, llama3_scaling: bool = False
+    x: jax.Array, positions: jax.Array, theta: float, interleaved: bool, llama3_scaling: bool = False,
+    linear_scaling: float = 1.0,
 ) -> jax.Array:
   """x: [batch, seq, heads, head_dim]. Rotate-half pairs (i, i + D/2), or interleaved pairs (2i, 2i + 1)."""
   head_dim = x.shape[-1]
-  frequencies = rope_frequencies(head_dim, theta, llama3_scaling)
+  frequencies = rope_frequencies(head_dim, theta, llama3_scaling, linear_scaling)
   angles = positions[:, :, None].astype(jnp.float32) * frequencies  # [b, s, D/2]
   sin, cos = jnp.sin(angles)[:, :, None, :], jnp.cos(angles)[:, :, None, :]
   if interleaved:
@@ -67,7 +78,23 @@ def apply_rope(
   return jnp.concatenate([rotated_first, rotated_second], axis=-1)
 
 
-def attention(layer: Mapping[str, Any], x: jax.Array, positions: jax.Array, cfg: ForwardConfig) -> jax.Array:
+def rope_for(cfg: ForwardConfig, local: bool) -> tuple[float, float]:
+  """(theta, linear scaling) of a local (sliding-window) or global layer."""
+  sem = cfg.semantics
+  theta = sem.rope_theta or cfg.rope_theta
+  return (sem.local_rope_theta or theta, 1.0) if local else (theta, sem.rope_linear_scaling)
+
+
+def attention_mask(seq: int, window: int | None) -> jax.Array:
+  """Causal; with a window, query q sees keys k with q - window < k <= q."""
+  q, k = jnp.arange(seq)[:, None], jnp.arange(seq)[None, :]
+  mask = k <= q
+  return mask & (k > q - window) if window else mask
+
+
+def attention(
+    layer: Mapping[str, Any], x: jax.Array, positions: jax.Array, cfg: ForwardConfig, local: bool = False
+) -> jax.Array:
   sem = cfg.semantics
   q = jnp.einsum("bse,ehd->bshd", x, layer["query"]["kernel"])
   k = jnp.einsum("bse,ehd->bshd", x, layer["key"]["kernel"])
@@ -77,24 +104,27 @@ def attention(layer: Mapping[str, Any], x: jax.Array, positions: jax.Array, cfg:
   if sem.qk_norm:
     q = rms_norm(q, layer["query_norm"]["scale"], cfg.rms_norm_eps)
     k = rms_norm(k, layer["key_norm"]["scale"], cfg.rms_norm_eps)
-  q = apply_rope(q, positions, cfg.rope_theta, sem.rope_interleaved, sem.llama3_rope_scaling)
-  k = apply_rope(k, positions, cfg.rope_theta, sem.rope_interleaved, sem.llama3_rope_scaling)
+  theta, linear_scaling = rope_for(cfg, local)
+  q = apply_rope(q, positions, theta, sem.rope_interleaved, sem.llama3_rope_scaling, linear_scaling)
+  k = apply_rope(k, positions, theta, sem.rope_interleaved, sem.llama3_rope_scaling, linear_scaling)
   groups = q.shape[2] // k.shape[2]
   k, v = jnp.repeat(k, groups, axis=2), jnp.repeat(v, groups, axis=2)
-  scale = 1.0 if sem.query_scale_in_kernel else cfg.head_dim**-0.5
-  scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) * scale
-  seq = x.shape[1]
-  causal = jnp.tril(jnp.ones((seq, seq), dtype=bool))
-  scores = jnp.where(causal, scores, -1e30)
+  runtime_scale = cfg.head_dim**-0.5 if sem.query_scale is None else sem.query_scale
+  scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) * (1.0 if sem.query_scale_in_kernel else runtime_scale)
+  scores = soft_cap(scores, sem.attn_logits_soft_cap)
+  scores = jnp.where(attention_mask(x.shape[1], sem.sliding_window if local else None), scores, -1e30)
   probs = jax.nn.softmax(scores, axis=-1)
   out = jnp.einsum("bhqk,bkhd->bqhd", probs, v)
   return jnp.einsum("bshd,hde->bse", out, layer["out"]["kernel"])
 
 
-def dense_mlp(mlp: Mapping[str, Any], x: jax.Array) -> jax.Array:
+ACTIVATIONS = {"silu": jax.nn.silu, "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True)}
+
+
+def dense_mlp(mlp: Mapping[str, Any], x: jax.Array, activation: str = "silu") -> jax.Array:
   gate = x @ mlp["wi_0"]["kernel"]
   up = x @ mlp["wi_1"]["kernel"]
-  return (jax.nn.silu(gate) * up) @ mlp["wo"]["kernel"]
+  return (ACTIVATIONS[activation](gate) * up) @ mlp["wo"]["kernel"]
 
 
 def moe_mlp(moe: Mapping[str, Any], x: jax.Array, experts_per_token: int) -> jax.Array:
@@ -107,19 +137,60 @@ def moe_mlp(moe: Mapping[str, Any], x: jax.Array, experts_per_token: int) -> jax
   return jnp.einsum("bsxm,xme,bsx->bse", hidden, moe["wo"], weights)
 
 
-def decoder_layer(layer: Mapping[str, Any], x: jax.Array, positions: jax.Array, cfg: ForwardConfig) -> jax.Array:
-  h = rms_norm(x, layer["pre_self_attention_layer_norm"]["scale"], cfg.rms_norm_eps)
-  x = x + attention(layer["self_attention"], h, positions, cfg)
-  h = rms_norm(x, layer["post_self_attention_layer_norm"]["scale"], cfg.rms_norm_eps)
-  if cfg.semantics.moe:
-    return x + moe_mlp(layer[cfg.semantics.moe_block], h, cfg.num_experts_per_tok)
-  return x + dense_mlp(layer["mlp"], h)
+def layer_norm(layer: Mapping[str, Any], name: str, x: jax.Array, cfg: ForwardConfig) -> jax.Array:
+  """A decoder-layer norm; with no `name` (the semantics have no such norm), the identity."""
+  if not name:
+    return x
+  eps = cfg.semantics.layer_norm_epsilon or cfg.rms_norm_eps
+  return rms_norm(x, layer[name]["scale"], eps)
 
 
-def unscanned_layer(decoder: Mapping[str, Any], index: int, scan_layers: bool) -> Mapping[str, Any]:
-  if not scan_layers:
-    return decoder[f"layers_{index}"]
-  return jax.tree.map(lambda leaf: jnp.take(leaf, index, axis=SCAN_AXIS), decoder["layers"])
+def decoder_layer(
+    layer: Mapping[str, Any], x: jax.Array, positions: jax.Array, cfg: ForwardConfig, hf_layer: int = 0,
+    suffix: str = "",
+) -> jax.Array:
+  """HF layer `hf_layer`: the modules of `layer` whose names end in `suffix` (Gemma2 holds two HF layers)."""
+  sem = cfg.semantics
+
+  def norm(name: str, h: jax.Array) -> jax.Array:
+    return layer_norm(layer, name + suffix if name else "", h, cfg)
+
+  h = norm(sem.pre_attention_norm, x)
+  h = attention(layer["self_attention" + suffix], h, positions, cfg, local=sem.is_local(hf_layer))
+  x = x + norm(sem.post_attention_norm, h)
+  h = norm(sem.pre_mlp_norm, x)
+  if sem.moe:
+    h = moe_mlp(layer[sem.moe_block + suffix], h, cfg.num_experts_per_tok)
+  else:
+    h = dense_mlp(layer["mlp" + suffix], h, sem.mlp_activation)
+  return x + norm(sem.post_mlp_norm, h)
+
+
+def take_layer(stacked: Mapping[str, Any], index: int) -> Mapping[str, Any]:
+  return jax.tree.map(lambda leaf: jnp.take(leaf, index, axis=SCAN_AXIS), stacked)
+
+
+def maxtext_layers(decoder: Mapping[str, Any], num_layers: int, scan_layers: bool, sem: DecoderSemantics) -> list:
+  """Each MaxText layer's subtree, in layer order, taken out of the family's layer groups."""
+  groups = (sem.layer_groups or standard_layer_groups)(num_layers, scan_layers)
+  layers = {}
+  for group in groups:
+    subtree = decoder
+    for key in group.path[1:]:  # The path starts at "decoder".
+      subtree = subtree[key]
+    for index, layer in enumerate(group.layers):
+      layers[layer] = take_layer(subtree, index) if group.stacked else subtree
+  return [layers[i] for i in range(num_layers)]
+
+
+def output_logits(params: Mapping[str, Any], x: jax.Array, cfg: ForwardConfig) -> jax.Array:
+  """Untied: the logits kernel. Tied: the embedding table, / sqrt(E) if normalized, then the final soft cap."""
+  if not cfg.tie_word_embeddings:
+    return x @ params["decoder"]["logits_dense"]["kernel"]
+  logits = x @ params["token_embedder"]["embedding"].T
+  if cfg.semantics.normalize_embedding_logits:
+    logits = logits / jnp.sqrt(jnp.float32(x.shape[-1]))
+  return soft_cap(logits, cfg.semantics.final_logits_soft_cap)
 
 
 def logits(params: Mapping[str, Any], token_ids: np.ndarray, cfg: ForwardConfig, scan_layers: bool) -> np.ndarray:
@@ -127,12 +198,11 @@ def logits(params: Mapping[str, Any], token_ids: np.ndarray, cfg: ForwardConfig,
   params = jax.tree.map(lambda a: jnp.asarray(a, dtype=jnp.float32), params)
   ids = jnp.asarray(token_ids)
   positions = jnp.broadcast_to(jnp.arange(ids.shape[1]), ids.shape)
-  embedding = params["token_embedder"]["embedding"]
-  x = embedding[ids]
+  x = params["token_embedder"]["embedding"][ids]  # Any embedding scale is already in the table.
   decoder = params["decoder"]
-  for i in range(cfg.num_layers):
-    x = decoder_layer(unscanned_layer(decoder, i, scan_layers), x, positions, cfg)
+  suffixes = cfg.semantics.sublayer_suffixes
+  for i, layer in enumerate(maxtext_layers(decoder, cfg.num_layers // len(suffixes), scan_layers, cfg.semantics)):
+    for k, suffix in enumerate(suffixes):
+      x = decoder_layer(layer, x, positions, cfg, hf_layer=i * len(suffixes) + k, suffix=suffix)
   x = rms_norm(x, decoder["decoder_norm"]["scale"], cfg.rms_norm_eps)
-  if cfg.tie_word_embeddings:
-    return np.asarray(x @ embedding.T)
-  return np.asarray(x @ decoder["logits_dense"]["kernel"])
+  return np.asarray(output_logits(params, x, cfg))

@@ -90,6 +90,35 @@ def _mixtral() -> TinyModelSpec:
   )
 
 
+# Gemma: tied embeddings, E=256 (sqrt(E)=16 exact), head_dim 48 != hidden/heads 64, rms_norm_eps 1e-6 (MaxText's
+# gemma layer norms fix it); sliding window 8 < the 32-token test sequences; soft caps small enough to bend.
+_GEMMA = dict(hidden_size=256, vocab_size=509, num_attention_heads=4, num_key_value_heads=2, head_dim=48,
+              intermediate_size=320, max_position_embeddings=512, rms_norm_eps=1e-6, tie_word_embeddings=True)
+
+
+def _gemma() -> TinyModelSpec:
+  return TinyModelSpec("GemmaConfig", "GemmaForCausalLM",
+                       dict(_GEMMA, num_hidden_layers=3, num_key_value_heads=1, hidden_act="gelu_pytorch_tanh"))
+
+
+def _gemma2() -> TinyModelSpec:
+  """4 HF layers (2 MaxText layers); query_pre_attn_scalar = hidden/heads != head_dim, as in Gemma-2-27B."""
+  return TinyModelSpec("Gemma2Config", "Gemma2ForCausalLM",
+                       dict(_GEMMA, num_hidden_layers=4, query_pre_attn_scalar=64, sliding_window=8,
+                            attn_logit_softcapping=2.0, final_logit_softcapping=10.0, rope_theta=10000.0))
+
+
+def _gemma3() -> TinyModelSpec:
+  """8 layers: one scanned block of 6 (layer 5 global) plus 2 remainder layers; local and global rope bases,
+  linear scaling 8 on global layers (as Gemma-3-4B); query_pre_attn_scalar = head_dim (gemma3-4b's rule).
+  attn_logit_softcapping is set although transformers' Gemma3 ignores it: the conversion must ignore it too."""
+  rope = {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+          "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}
+  return TinyModelSpec("Gemma3TextConfig", "Gemma3ForCausalLM",
+                       dict(_GEMMA, num_hidden_layers=8, query_pre_attn_scalar=48, sliding_window=8,
+                            attn_logit_softcapping=1.5, final_logit_softcapping=10.0, rope_parameters=rope))
+
+
 TINY_MODELS: dict[str, Callable[[], TinyModelSpec]] = {
     "qwen3": _qwen3,
     "llama2": _llama2,
@@ -101,6 +130,9 @@ TINY_MODELS: dict[str, Callable[[], TinyModelSpec]] = {
     "qwen3_moe": _qwen3_moe,
     "mixtral": _mixtral,
     "qwen3_30b_a3b_tiny": _qwen3_30b_a3b_tiny,
+    "gemma": _gemma,
+    "gemma2": _gemma2,
+    "gemma3": _gemma3,
 }
 
 
@@ -120,9 +152,12 @@ def randomize_parameters(model: Any, seed: int) -> None:
 
 def build_tiny_model(
     family: str, output_dir: str, *, dtype: str = "float32", seed: int = 0, max_shard_size: str | None = None,
-    **config_overrides: Any,
+    round_embeddings_to_bf16: bool = False, **config_overrides: Any,
 ) -> str:
-  """Writes a random tiny `family` model (config.json + safetensors) to `output_dir`; returns it."""
+  """Writes a random tiny `family` model (config.json + safetensors) to `output_dir`; returns it.
+
+  `round_embeddings_to_bf16` rounds the input and output embedding tables to bfloat16-representable values
+  (still saved in `dtype`): MaxText computes tied logits with a bfloat16 copy of the table whatever its dtype."""
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
 
@@ -131,6 +166,11 @@ def build_tiny_model(
   torch.manual_seed(seed)
   model = getattr(transformers, spec.model_class)(config).to(torch.float32)
   randomize_parameters(model, seed)
+  if round_embeddings_to_bf16:
+    with torch.no_grad():
+      for table in (model.get_input_embeddings(), model.get_output_embeddings()):
+        if table is not None:
+          table.weight.copy_(table.weight.to(torch.bfloat16).to(torch.float32))
   model = model.to(getattr(torch, dtype))
   kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
   model.save_pretrained(output_dir, **kwargs)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from converter.errors import ConversionError
-from converter.families import llama, mistral, mixtral, qwen2, qwen3, qwen3_moe
+from converter.families import gemma, gemma2, gemma3, llama, mistral, mixtral, qwen2, qwen3, qwen3_moe
 from converter.families.base import DecoderSemantics, Family, LayerGroup, Layout, Param
 
 FAMILIES: tuple[Family, ...] = (
@@ -13,6 +13,9 @@ FAMILIES: tuple[Family, ...] = (
     qwen2.FAMILY,
     qwen3.FAMILY,
     qwen3_moe.FAMILY,
+    gemma.FAMILY,
+    gemma2.FAMILY,
+    gemma3.FAMILY,
 )
 
 

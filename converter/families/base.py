@@ -46,6 +46,34 @@ class DecoderSemantics:
   attention_bias: bool = False
   moe: bool = False
   moe_block: str = "moe_block"
+  # Norms. Leaf names of the norm before attention and before the MLP, and of the optional norms on their outputs
+  # ("": none). HF norms computing x * (offset + w) are stored as w + offset (MaxText computes x * scale).
+  pre_attention_norm: str = "pre_self_attention_layer_norm"
+  pre_mlp_norm: str = "post_self_attention_layer_norm"
+  post_attention_norm: str = ""
+  post_mlp_norm: str = ""
+  norm_scale_offset: float = 0.0
+  layer_norm_epsilon: float | None = None  # Fixed by the decoder (Gemma: 1e-6); None: normalization_layer_epsilon.
+  mlp_activation: str = "silu"  # "silu" or "gelu_tanh" (MaxText's "gelu" is jax.nn.gelu, the tanh approximation).
+  # Attention. query_scale: the factor on q.k (None: head_dim**-0.5), baked in or applied at run time.
+  query_scale: float | None = None
+  attn_logits_soft_cap: float | None = None
+  sliding_window: int | None = None  # Local layers see the last `sliding_window` positions, themselves included.
+  local_layers: tuple[bool, ...] = ()  # Repeating over HF layers: True = local (sliding window, local rope).
+  rope_theta: float | None = None  # Global layers' rope base; None: config.json's rope_theta.
+  local_rope_theta: float | None = None  # None: the global one.
+  rope_linear_scaling: float = 1.0  # Divides global layers' rope frequencies (local layers unscaled, as gemma3).
+  # Embeddings and logits.
+  embedding_scale: float = 1.0  # Baked into the embedding table at conversion (Gemma: sqrt(E)).
+  normalize_embedding_logits: bool = False  # Tied logits divided by sqrt(E) (MaxText's normalize_embedding_logits).
+  final_logits_soft_cap: float | None = None  # MaxText applies it to tied logits only.
+  # Layer structure. One MaxText layer holds one HF layer per suffix, every module name suffixed (Gemma2:
+  # "_local", "_global"); layer_groups: where MaxText keeps its layers (None: standard_layer_groups).
+  sublayer_suffixes: tuple[str, ...] = ("",)
+  layer_groups: Callable[[int, bool], list[LayerGroup]] | None = None
+
+  def is_local(self, hf_layer: int) -> bool:
+    return bool(self.local_layers) and self.local_layers[hf_layer % len(self.local_layers)]
 
 
 @dataclasses.dataclass(frozen=True)
