@@ -25,13 +25,6 @@ from tools.safetensors_writer import write_safetensors  # pylint: disable=g-impo
 SAFETENSORS = "model.safetensors"
 
 
-def _committed_anything(out: str) -> list[str]:
-  found = [os.path.join(d, f) for d, _, fs in os.walk(out) for f in fs if f == "commit_success.txt"]
-  if os.path.exists(os.path.join(out, "0")):
-    found.append(os.path.join(out, "0"))
-  return found
-
-
 def _can_mount_tmpfs() -> bool:
   probe = harness.scratch_dir("mount-probe-")
   result = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c",
@@ -71,7 +64,7 @@ class BadInputTest(absltest.TestCase):
     for text in expected:
       self.assertIn(text, error_lines[0])
     self.assertNotIn("Traceback", result.stderr)
-    self.assertEqual(_committed_anything(out), [])
+    self.assertEqual(harness.committed_files(out), [])
     return error_lines[0]
 
   def test_missing_config(self):

@@ -42,3 +42,11 @@ def run_converter(*flags: str, check: bool = True) -> subprocess.CompletedProces
   if check and result.returncode != 0:
     raise AssertionError(f"converter {' '.join(flags)} failed ({result.returncode}):\n{result.stderr[-4000:]}")
   return result
+
+
+def committed_files(output_dir: str) -> list[str]:
+  """What would make a reader take `output_dir` for a finished checkpoint: a step directory or a commit file."""
+  found = [os.path.join(d, f) for d, _, fs in os.walk(output_dir) for f in fs if f == "commit_success.txt"]
+  if os.path.exists(os.path.join(output_dir, "0")):
+    found.append(os.path.join(output_dir, "0"))
+  return found

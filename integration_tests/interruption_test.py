@@ -19,11 +19,6 @@ from tools import checkpoint_io, synthetic_checkpoint  # pylint: disable=g-impor
 JOURNAL_DIR = "0.hf2maxtext-resume"
 
 
-def _committed_anything(out: str) -> list[str]:
-  found = [os.path.join(d, f) for d, _, fs in os.walk(out) for f in fs if f == "commit_success.txt"]
-  return found + ([os.path.join(out, "0")] if os.path.exists(os.path.join(out, "0")) else [])
-
-
 def _journaled_blocks(out: str) -> int:
   directory = os.path.join(out, JOURNAL_DIR)
   if not os.path.isdir(directory):
@@ -72,7 +67,7 @@ class InterruptionTest(parameterized.TestCase):
     out = os.path.join(harness.scratch_dir("interrupted-"), "out")
     stopped = self._start_and_stop(out, sig)
     self.assertNotEqual(stopped.returncode, 0)
-    self.assertEqual(_committed_anything(out), [])
+    self.assertEqual(harness.committed_files(out), [])
     self.assertGreater(_journaled_blocks(out), 0)
     if sig == signal.SIGINT:
       self.assertIn("--resume", stopped.stderr)
@@ -94,7 +89,7 @@ class InterruptionTest(parameterized.TestCase):
     result = harness.run_converter(*self.flags(out, "--resume", "--save_dtype=float32"), check=False)
     self.assertEqual(result.returncode, 1)
     self.assertIn("cannot resume", result.stderr)
-    self.assertEqual(_committed_anything(out), [])
+    self.assertEqual(harness.committed_files(out), [])
 
 
 if __name__ == "__main__":

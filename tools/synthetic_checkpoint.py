@@ -42,9 +42,10 @@ def qwen3_moe_for_bytes(target_bytes: int, itemsize: int = 2) -> dict:
                           kv_heads=kv_heads, head_dim=head_dim, vocab=vocab)
 
 
-def qwen3_moe_shapes(config: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
+def _decoder_shapes(config: dict, mlp) -> Iterator[tuple[str, tuple[int, ...]]]:
+  """Embeddings, norms and attention of a Llama-style decoder; `mlp(prefix)` yields each layer's MLP."""
   E, H, KV, D = config["hidden_size"], config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"]
-  X, M, V = config["num_experts"], config["moe_intermediate_size"], config["vocab_size"]
+  V = config["vocab_size"]
   yield "model.embed_tokens.weight", (V, E)
   for i in range(config["num_hidden_layers"]):
     p = f"model.layers.{i}"
@@ -54,6 +55,15 @@ def qwen3_moe_shapes(config: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
     yield f"{p}.self_attn.k_proj.weight", (KV * D, E)
     yield f"{p}.self_attn.v_proj.weight", (KV * D, E)
     yield f"{p}.self_attn.o_proj.weight", (E, H * D)
+    yield from mlp(p)
+  yield "model.norm.weight", (E,)
+  yield "lm_head.weight", (V, E)
+
+
+def qwen3_moe_shapes(config: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
+  E, D, X, M = config["hidden_size"], config["head_dim"], config["num_experts"], config["moe_intermediate_size"]
+
+  def moe(p: str) -> Iterator[tuple[str, tuple[int, ...]]]:
     yield f"{p}.self_attn.q_norm.weight", (D,)
     yield f"{p}.self_attn.k_norm.weight", (D,)
     yield f"{p}.mlp.gate.weight", (X, E)
@@ -61,8 +71,8 @@ def qwen3_moe_shapes(config: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
       yield f"{p}.mlp.experts.{e}.gate_proj.weight", (M, E)
       yield f"{p}.mlp.experts.{e}.up_proj.weight", (M, E)
       yield f"{p}.mlp.experts.{e}.down_proj.weight", (E, M)
-  yield "model.norm.weight", (E,)
-  yield "lm_head.weight", (V, E)
+
+  return _decoder_shapes(config, moe)
 
 
 class _GaussianPool:
@@ -140,22 +150,14 @@ def llama_for_bytes(target_bytes: int, itemsize: int = 2) -> dict:
 
 
 def llama_shapes(config: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
-  E, H, KV = config["hidden_size"], config["num_attention_heads"], config["num_key_value_heads"]
-  D, M, V = config["head_dim"], config["intermediate_size"], config["vocab_size"]
-  yield "model.embed_tokens.weight", (V, E)
-  for i in range(config["num_hidden_layers"]):
-    p = f"model.layers.{i}"
-    yield f"{p}.input_layernorm.weight", (E,)
-    yield f"{p}.post_attention_layernorm.weight", (E,)
-    yield f"{p}.self_attn.q_proj.weight", (H * D, E)
-    yield f"{p}.self_attn.k_proj.weight", (KV * D, E)
-    yield f"{p}.self_attn.v_proj.weight", (KV * D, E)
-    yield f"{p}.self_attn.o_proj.weight", (E, H * D)
+  E, M = config["hidden_size"], config["intermediate_size"]
+
+  def mlp(p: str) -> Iterator[tuple[str, tuple[int, ...]]]:
     yield f"{p}.mlp.gate_proj.weight", (M, E)
     yield f"{p}.mlp.up_proj.weight", (M, E)
     yield f"{p}.mlp.down_proj.weight", (E, M)
-  yield "model.norm.weight", (E,)
-  yield "lm_head.weight", (V, E)
+
+  return _decoder_shapes(config, mlp)
 
 
 FAMILIES = {
