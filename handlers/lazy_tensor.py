@@ -46,10 +46,15 @@ class LazyTensorWriteError(RuntimeError):
   """A `LazyTensor` could not be written; the message names the tensor and the storage error, briefly."""
 
 
-def brief_error(error: BaseException) -> str:
-  """A storage error without tensorstore's spec dump (which can run to kilobytes)."""
+def brief_error(error: BaseException, limit: int = 700) -> str:
+  """A storage error without tensorstore's spec dump (which can run to kilobytes).
+
+  Long messages keep their beginning (what failed) and their end (the operating system's reason).
+  """
   text = str(error).split(" [tensorstore_spec=")[0].strip()
-  return f"{type(error).__name__}: {text[:600]}"
+  if len(text) > limit:
+    text = f"{text[: limit // 2]} ... {text[-limit // 2:]}"
+  return f"{type(error).__name__}: {text}"
 
 
 def block_indices(shape: tuple[int, ...], block_shape: tuple[int, ...]) -> Iterator[Index]:
