@@ -1,0 +1,281 @@
+"""Interop check against real MaxText 0.2.5: our converted checkpoints, MaxText's loader and forward pass.
+
+For every tiny model in tools/tiny_models.TINY_MODELS that has a MaxText 0.2.5 model config, scan on and off:
+  1. build the random tiny transformers model (float32; tied models get bf16-representable embedding tables,
+     since MaxText's tied logits use a bfloat16 copy of the table) and its transformers reference logits;
+  2. convert it with the real converter (`converter/main.py --save_dtype=float32 --target_model=<name>`);
+  3. run `maxtext_logits.py` under MaxText's Python 3.12 venv with exactly the overrides the converter recorded in
+     OUT/0/_CHECKPOINT_METADATA (custom_metadata.hf2maxtext.maxtext_overrides) -- the harness adds only run-time
+     settings (cpu, float32, dot_product attention, batch and sequence length) and refuses any tree mismatch;
+  4. compare: max|diff| <= --atol (1e-3) and argmax agreement 100%.
+Prints one row per case and finally exactly one line `N passed, N failed`; exits 1 on any failure.
+
+  integration_tests/maxtext_interop/setup_venv.sh   # .mtvenv (Python 3.12, maxtext==0.2.5), once
+  PYTHONPATH=. .venv/bin/python integration_tests/maxtext_interop/run_interop.py [--families=qwen3,gemma2]
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if ROOT not in sys.path:
+  sys.path.insert(0, ROOT)
+
+from absl import app, flags  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+FLAGS = flags.FLAGS
+
+flags.DEFINE_string(
+    "maxtext_python",
+    os.environ.get("HF2MAXTEXT_MAXTEXT_PYTHON") or os.path.join(ROOT, ".mtvenv", "bin", "python"),
+    "Python 3.12 interpreter with maxtext==0.2.5 (setup_venv.sh builds .mtvenv). Default: $HF2MAXTEXT_MAXTEXT_PYTHON"
+    " or .mtvenv/bin/python in the repository root.",
+)
+flags.DEFINE_list("families", [], "Tiny models (TINY_MODELS keys) to run; default: every registered one.")
+flags.DEFINE_enum("scan_layers", "both", ["both", "true", "false"], "Scan settings to run.")
+flags.DEFINE_float("atol", 1e-3, "Largest max|maxtext - transformers| logit difference that passes.")
+flags.DEFINE_integer("batch", 2, "Token-id batch size.")
+flags.DEFINE_integer("seq_len", 32, "Token-id sequence length (longer than the Gemma sliding windows).")
+flags.DEFINE_integer("seed", 0, "Seed for the tiny models and the token ids.")
+flags.DEFINE_integer("jobs", 2, "Cases (convert + MaxText forward) run at once.")
+flags.DEFINE_integer("case_timeout_s", 600, "Timeout for each subprocess.")
+flags.DEFINE_string("work_dir", None, "Where models, checkpoints and logs go (default: a temporary directory).")
+flags.DEFINE_boolean("keep_work_dir", False, "Keep the temporary work directory.")
+
+# Tiny model (TINY_MODELS key) -> the MaxText 0.2.5 model config it runs as.
+MAXTEXT_MODELS = {
+    "qwen3": "qwen3-8b",
+    "qwen3_moe": "qwen3-30b-a3b",
+    "llama2": "llama2-7b",
+    "llama3": "llama3-8b",
+    "llama3.1": "llama3.1-8b",
+    "llama3.2_tied": "llama3.1-8b",
+    "mistral": "mistral-7b",
+    "mixtral": "mixtral-8x7b",
+    "qwen2": "qwen2.5-7b",
+    "gemma": "gemma-2b",
+    "gemma2": "gemma2-2b",
+    "gemma3": "gemma3-4b",
+}
+
+HARNESS = os.path.join(ROOT, "integration_tests", "maxtext_interop", "maxtext_logits.py")
+CONVERTER = os.path.join(ROOT, "converter", "main.py")
+
+
+@dataclasses.dataclass
+class Case:
+  model: str
+  maxtext_model: str
+  scan: bool
+  hf_dir: str
+  ids_path: str
+  reference: np.ndarray
+  work: str
+  max_diff: float = float("nan")
+  argmax: float = float("nan")
+  error: str = ""
+  seconds: float = 0.0
+
+  @property
+  def passed(self) -> bool:
+    return not self.error
+
+  @property
+  def name(self) -> str:
+    return f"{self.model} scan={'on' if self.scan else 'off'}"
+
+
+def _tail(path: str, lines: int = 15) -> str:
+  try:
+    with open(path, encoding="utf-8", errors="replace") as f:
+      return "".join(f.readlines()[-lines:])
+  except OSError:
+    return ""
+
+
+def _run(cmd: list[str], log: str, env: dict) -> int:
+  with open(log, "w", encoding="utf-8") as out:
+    out.write("$ " + " ".join(cmd) + "\n")
+    out.flush()
+    try:
+      return subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
+                            timeout=FLAGS.case_timeout_s, check=False).returncode
+    except subprocess.TimeoutExpired:
+      out.write(f"\n[run_interop] timed out after {FLAGS.case_timeout_s}s\n")
+      return 124
+
+
+def _converter_env() -> dict:
+  env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2")
+  env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+  return env
+
+
+def _maxtext_env() -> dict:
+  # A clean interpreter: nothing from the 3.11 environment on its path.
+  env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+  env.update(JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2")
+  return env
+
+
+def recorded_overrides(out_dir: str) -> tuple[dict, str]:
+  with open(os.path.join(out_dir, "0", "_CHECKPOINT_METADATA"), encoding="utf-8") as f:
+    info = (json.load(f).get("custom_metadata") or {}).get("hf2maxtext") or {}
+  if "maxtext_overrides" not in info:
+    raise RuntimeError("the checkpoint's custom_metadata records no hf2maxtext.maxtext_overrides")
+  return info["maxtext_overrides"], info.get("target_model", "")
+
+
+def run_case(case: Case) -> Case:
+  from tools import validate_lib  # pylint: disable=g-import-not-at-top
+
+  start = time.monotonic()
+  os.makedirs(case.work, exist_ok=True)
+  out_dir = os.path.join(case.work, "ckpt")
+  try:
+    rc = _run([sys.executable, CONVERTER, f"--hf_model_path={case.hf_dir}", f"--output_dir={out_dir}",
+               "--save_dtype=float32", "--simulated_cpu_devices_count=1", f"--scan_layers={str(case.scan).lower()}",
+               f"--target_model={case.maxtext_model}"],
+              os.path.join(case.work, "convert.log"), _converter_env())
+    if rc != 0:
+      case.error = f"converter exited {rc}:\n{_tail(os.path.join(case.work, 'convert.log'))}"
+      return case
+    overrides, target = recorded_overrides(out_dir)
+    if target != case.maxtext_model:
+      case.error = f"checkpoint records target_model={target!r}, not {case.maxtext_model!r}"
+      return case
+    overrides_path = os.path.join(case.work, "overrides.json")
+    with open(overrides_path, "w", encoding="utf-8") as f:
+      json.dump(overrides, f, indent=1, sort_keys=True)
+    logits_path = os.path.join(case.work, "maxtext_logits.npy")
+    log = os.path.join(case.work, "maxtext.log")
+    rc = _run([FLAGS.maxtext_python, HARNESS, f"--checkpoint={os.path.join(out_dir, '0', 'items')}",
+               f"--model_name={case.maxtext_model}", f"--overrides=@{overrides_path}", f"--token_ids={case.ids_path}",
+               f"--output={logits_path}"], log, _maxtext_env())
+    if rc != 0:
+      why = {3: "parameter tree differs from MaxText's", 124: "timed out"}.get(rc, f"maxtext_logits.py exited {rc}")
+      case.error = f"{why}:\n{_tail(log, 40 if rc == 3 else 15)}"
+      return case
+    logits = np.load(logits_path)
+    if logits.shape[:-1] != case.reference.shape[:-1] or logits.shape[-1] < case.reference.shape[-1]:
+      case.error = f"MaxText logits {logits.shape} vs reference {case.reference.shape}"
+      return case
+    if not np.isfinite(logits[..., : case.reference.shape[-1]]).all():
+      case.error = "MaxText logits are not finite"
+      return case
+    case.max_diff, _, case.argmax = validate_lib.compare_logits(logits, case.reference)
+    problems = []
+    if not case.max_diff <= FLAGS.atol:
+      problems.append(f"max|diff| {case.max_diff:.3g} > {FLAGS.atol:g}")
+    if case.argmax < 1.0:
+      problems.append(f"argmax agreement {case.argmax:.2%} < 100%")
+    case.error = "; ".join(problems)
+    return case
+  except Exception as e:  # pylint: disable=broad-except
+    case.error = f"{type(e).__name__}: {e}"
+    return case
+  finally:
+    case.seconds = time.monotonic() - start
+
+
+def _is_tied(spec) -> bool:
+  import transformers  # pylint: disable=g-import-not-at-top
+
+  return bool(getattr(getattr(transformers, spec.config_class)(**spec.config), "tie_word_embeddings", False))
+
+
+def main(argv: list[str]) -> int:
+  del argv
+  start = time.monotonic()
+  from tools import tiny_models, validate_lib  # pylint: disable=g-import-not-at-top
+  from converter.model_config import load_model_config  # pylint: disable=g-import-not-at-top
+
+  names = FLAGS.families or list(tiny_models.TINY_MODELS)
+  unknown = [n for n in names if n not in tiny_models.TINY_MODELS]
+  if unknown:
+    raise app.UsageError(f"--families: not in TINY_MODELS: {', '.join(unknown)}")
+  scans = {"both": (False, True), "true": (True,), "false": (False,)}[FLAGS.scan_layers]
+  runnable = []
+  for name in names:
+    if name in MAXTEXT_MODELS:
+      runnable.append(name)
+    else:
+      print(f"skip {name}: no MaxText 0.2.5 model config mapped to it (run_interop.MAXTEXT_MODELS)", flush=True)
+
+  if not os.path.isfile(FLAGS.maxtext_python) or not os.access(FLAGS.maxtext_python, os.X_OK):
+    print(f"error: no MaxText interpreter at {FLAGS.maxtext_python} (run integration_tests/maxtext_interop/"
+          "setup_venv.sh, or pass --maxtext_python / set HF2MAXTEXT_MAXTEXT_PYTHON)", flush=True)
+    print(f"0 passed, {len(runnable) * len(scans)} failed")
+    return 1
+
+  work = FLAGS.work_dir or tempfile.mkdtemp(prefix="hf2maxtext_interop_")
+  os.makedirs(work, exist_ok=True)
+  print(f"work dir {work}; MaxText python {FLAGS.maxtext_python}; {FLAGS.jobs} job(s)", flush=True)
+
+  cases: list[Case] = []
+  futures = []
+  lock = threading.Lock()
+  header = f"{'model':<20} {'maxtext model':<15} {'scan':<4} {'max|diff|':>10} {'argmax':>8}  {'secs':>5}  result"
+
+  def report(case: Case) -> None:
+    with lock:
+      diff = "-" if np.isnan(case.max_diff) else f"{case.max_diff:.2e}"
+      agree = "-" if np.isnan(case.argmax) else f"{case.argmax:.1%}"
+      print(f"{case.model:<20} {case.maxtext_model:<15} {'on' if case.scan else 'off':<4} {diff:>10} {agree:>8}"
+            f"  {case.seconds:5.0f}  {'PASS' if case.passed else 'FAIL'}", flush=True)
+      if case.error:
+        print("    " + case.error.rstrip().replace("\n", "\n    "), flush=True)
+
+  print(header, flush=True)
+  with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, FLAGS.jobs)) as pool:
+    for name in runnable:
+      model_dir = os.path.join(work, name)
+      hf_dir = os.path.join(model_dir, "hf")
+      try:
+        spec = tiny_models.TINY_MODELS[name]()
+        tiny_models.build_tiny_model(name, hf_dir, seed=FLAGS.seed, round_embeddings_to_bf16=_is_tied(spec))
+        ids = validate_lib.token_ids(load_model_config(hf_dir).vocab_size, FLAGS.batch, FLAGS.seq_len, FLAGS.seed)
+        ids_path = os.path.join(model_dir, "token_ids.npy")
+        np.save(ids_path, ids)
+        reference = validate_lib.reference_logits(hf_dir, ids).astype(np.float32)
+        np.save(os.path.join(model_dir, "hf_logits.npy"), reference)
+      except Exception as e:  # pylint: disable=broad-except
+        for scan in scans:
+          case = Case(name, MAXTEXT_MODELS[name], scan, hf_dir, "", np.zeros(0), "",
+                      error=f"building the model or its reference failed: {type(e).__name__}: {e}")
+          cases.append(case)
+          report(case)
+        continue
+      for scan in scans:
+        case = Case(name, MAXTEXT_MODELS[name], scan, hf_dir, ids_path, reference,
+                    os.path.join(model_dir, f"scan_{'on' if scan else 'off'}"))
+        cases.append(case)
+        futures.append(pool.submit(lambda c: report(run_case(c)) or c, case))
+    concurrent.futures.wait(futures)
+
+  passed = sum(c.passed for c in cases)
+  failed = len(cases) - passed
+  print(f"\nmaxtext interop: {len(cases)} case(s) in {time.monotonic() - start:.0f}s (max|diff| <= {FLAGS.atol:g},"
+        " argmax 100%)")
+  if FLAGS.work_dir or FLAGS.keep_work_dir or failed:
+    print(f"kept {work}")
+  else:
+    shutil.rmtree(work, ignore_errors=True)
+  print(f"{passed} passed, {failed} failed", flush=True)
+  return 1 if failed else 0
+
+
+if __name__ == "__main__":
+  app.run(lambda argv: sys.exit(main(argv)))
