@@ -32,6 +32,9 @@ flags.DEFINE_integer("runs", 3, "Runs per setting; medians are reported.")
 flags.DEFINE_string("work_dir", "/tmp/hf2maxtext-benchmark", "Where the synthetic checkpoint and outputs go.")
 flags.DEFINE_boolean("keep_input", True, "Reuse a synthetic checkpoint of the same family and size if present.")
 flags.DEFINE_integer("max_inflight_bytes", None, "Passed to the converter when set.")
+flags.DEFINE_float("memory_limit_gib", None, "Run each conversion in a memory cgroup of this size (page cache"
+                   " included): a model larger than the memory it may use, on a machine whose disk cannot hold one"
+                   " larger than its RAM. Needs root and a cgroup v1 or v2 memory controller.")
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -44,6 +47,29 @@ def _tree_rss(process: psutil.Process) -> int:
     except psutil.Error:
       pass
   return total
+
+
+class MemoryCgroup:
+  """A memory cgroup (v1 or v2) that commands can be started in; removed on exit."""
+
+  def __init__(self, limit_bytes: int):
+    v2 = os.path.exists("/sys/fs/cgroup/cgroup.controllers") and not os.path.isdir("/sys/fs/cgroup/memory")
+    root = "/sys/fs/cgroup" if v2 else "/sys/fs/cgroup/memory"
+    self.path = os.path.join(root, f"hf2maxtext-benchmark-{os.getpid()}")
+    os.makedirs(self.path, exist_ok=True)
+    limit_file = "memory.max" if v2 else "memory.limit_in_bytes"
+    with open(os.path.join(self.path, limit_file), "w") as f:
+      f.write(str(limit_bytes))
+
+  def wrap(self, command: list[str]) -> list[str]:
+    """`command`, moved into the cgroup before it starts (its whole process tree stays there)."""
+    return ["sh", "-c", f'echo $$ > {self.path}/cgroup.procs && exec "$@"', "sh", *command]
+
+  def remove(self) -> None:
+    try:
+      os.rmdir(self.path)
+    except OSError:
+      pass
 
 
 def run_sampled(command: list[str], env: dict[str, str]) -> tuple[float, int, subprocess.CompletedProcess]:
@@ -107,6 +133,7 @@ def main(argv: list[str]) -> None:
           f" {input_dir} in {time.monotonic() - start:.1f} s", flush=True)
   output_dir = os.path.join(FLAGS.work_dir, "out")
   env = dict(os.environ, PYTHONPATH=_REPO)
+  cgroup = MemoryCgroup(int(FLAGS.memory_limit_gib * 2**30)) if FLAGS.memory_limit_gib else None
   floors = []
   rows = []
   for devices in FLAGS.devices:
@@ -118,13 +145,16 @@ def main(argv: list[str]) -> None:
                  f"--scan_layers={FLAGS.scan_layers}", "--noprogress"]
       if FLAGS.max_inflight_bytes:
         command.append(f"--max_inflight_bytes={FLAGS.max_inflight_bytes}")
-      wall, peak, result = run_sampled(command, env)
+      wall, peak, result = run_sampled(cgroup.wrap(command) if cgroup else command, env)
       if result.returncode:
-        sys.exit(f"conversion failed:\n{result.stderr[-3000:]}")
+        sys.exit(f"conversion failed ({result.returncode}):\n{result.stderr[-3000:]}")
       walls.append(wall)
       peaks.append(peak)
       print(f"devices={devices} wall={wall:.1f}s peak_rss={peak / 2**30:.2f}GiB", flush=True)
     rows.append((devices, statistics.median(walls), statistics.median(peaks), _du(output_dir)))
+  if cgroup:
+    cgroup.remove()
+    print(f"\nevery conversion ran in a memory cgroup limited to {FLAGS.memory_limit_gib:g} GiB")
   input_bytes = sum(os.path.getsize(os.path.join(input_dir, f)) for f in os.listdir(input_dir))
   floor = statistics.median(floors)
   print(f"\ninput {input_bytes / 1e9:.2f} GB; I/O floor (read input + write as much, fsync) median {floor:.1f} s"
