@@ -43,10 +43,28 @@ class Transpose(Op):
     return shape[::-1]
 
   def __call__(self, x: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(x.T)
+    return transpose_2d(x) if x.ndim == 2 else np.ascontiguousarray(x.T)
 
   def inverse(self, input_shape: Shape) -> Op:
     return Transpose()  # Reversing the axes twice is the identity.
+
+
+_TRANSPOSE_ROWS = 16
+
+
+def transpose_2d(x: np.ndarray) -> np.ndarray:
+  """`x.T` made contiguous, 16 source rows at a time.
+
+  numpy's own strided copy walks the whole destination column by column and misses the cache on every
+  element: 300-900 MB/s for bfloat16 weight matrices here. Copying thin slabs keeps both sides in cache:
+  2-4 GB/s on the same matrices (measured on 768x2048 to 14336x4096, bfloat16 and float32). Transposes are
+  most of a conversion's CPU time.
+  """
+  rows = x.shape[0]
+  out = np.empty(x.shape[::-1], dtype=x.dtype)
+  for start in range(0, rows, _TRANSPOSE_ROWS):
+    out[:, start : start + _TRANSPOSE_ROWS] = x[start : start + _TRANSPOSE_ROWS].T
+  return out
 
 
 @dataclasses.dataclass(frozen=True)

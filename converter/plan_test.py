@@ -64,6 +64,12 @@ class PlanLoadersTest(parameterized.TestCase):
     lazy = LazyTensor(leaf.name, leaf.shape, leaf.dtype, leaf.loader)
     self.assertEqual(lazy.block_shape, (64, 1, 4, 24))
 
+  def test_transpose_2d_equals_numpy(self):
+    for shape in ((1, 1), (5, 3), (16, 7), (33, 70), (100, 17)):
+      x = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
+      np.testing.assert_array_equal(ops.transpose_2d(x), x.T)
+      self.assertTrue(ops.transpose_2d(x).flags.c_contiguous)
+
   def test_source_row_axis(self):
     self.assertEqual(plan.source_row_axis((ops.PadRows(8), ops.ScaleInFloat32(2.0))), 0)
     self.assertEqual(plan.source_row_axis((ops.Transpose(), ops.PadColumns(8))), 1)
