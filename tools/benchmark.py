@@ -139,6 +139,7 @@ def main(argv: list[str]) -> None:
   for devices in FLAGS.devices:
     walls, peaks = [], []
     for _ in range(FLAGS.runs):
+      shutil.rmtree(output_dir, ignore_errors=True)  # Disk: input + the floor's copy must fit, not + output too.
       floors.append(io_floor(input_dir, FLAGS.work_dir)[0])
       command = [sys.executable, os.path.join(_REPO, "converter", "main.py"), f"--hf_model_path={input_dir}",
                  f"--output_dir={output_dir}", "--overwrite", f"--simulated_cpu_devices_count={devices}",
@@ -150,8 +151,10 @@ def main(argv: list[str]) -> None:
         sys.exit(f"conversion failed ({result.returncode}):\n{result.stderr[-3000:]}")
       walls.append(wall)
       peaks.append(peak)
+      out_bytes = _du(output_dir)
       print(f"devices={devices} wall={wall:.1f}s peak_rss={peak / 2**30:.2f}GiB", flush=True)
-    rows.append((devices, statistics.median(walls), statistics.median(peaks), _du(output_dir)))
+    rows.append((devices, statistics.median(walls), statistics.median(peaks), out_bytes))
+  shutil.rmtree(output_dir, ignore_errors=True)
   if cgroup:
     cgroup.remove()
     print(f"\nevery conversion ran in a memory cgroup limited to {FLAGS.memory_limit_gib:g} GiB")
