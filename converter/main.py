@@ -125,7 +125,7 @@ def run() -> None:
     _dry_run()
     return
   start = time.monotonic()
-  progress = Progress(0, enabled=FLAGS.progress)
+  progress = Progress(enabled=FLAGS.progress)
   cancel = _cancel_on_signals()
   result = conversion.convert_to_maxtext(
       hf_model_path=_resolve(FLAGS.hf_model_path),
@@ -201,7 +201,8 @@ def _verify(plan, items_path: str) -> None:
   from converter.progress import Progress  # pylint: disable=g-import-not-at-top
   from converter.verify import verify_checkpoint  # pylint: disable=g-import-not-at-top
 
-  progress = Progress(plan.total_bytes, enabled=FLAGS.progress, description="verifying")
+  progress = Progress(enabled=FLAGS.progress, description="verifying")
+  progress.start(plan.total_bytes)
   report = verify_checkpoint(plan, items_path, on_block=progress.advance)
   progress.close()
   print(f"verified:      {report.leaves} leaves, {report.blocks} blocks, {report.bytes:,} bytes,"
