@@ -116,34 +116,39 @@ def run() -> None:
     if ignored:
       raise app.UsageError(f"{', '.join(ignored)} apply to --direction=to_maxtext only")
     _run_to_huggingface()
-    return
-  _start_jax(FLAGS.simulated_cpu_devices_count)
+  elif FLAGS.dry_run:
+    _start_jax(FLAGS.simulated_cpu_devices_count)
+    _dry_run()
+  else:
+    _start_jax(FLAGS.simulated_cpu_devices_count)
+    _run_to_maxtext()
+
+
+def _run_to_maxtext() -> None:
   from converter import conversion  # pylint: disable=g-import-not-at-top
   from converter.progress import Progress  # pylint: disable=g-import-not-at-top
 
-  if FLAGS.dry_run:
-    _dry_run()
-    return
   start = time.monotonic()
   progress = Progress(enabled=FLAGS.progress)
-  cancel = _cancel_on_signals()
-  result = conversion.convert_to_maxtext(
-      hf_model_path=_resolve(FLAGS.hf_model_path),
-      output_dir=_resolve(FLAGS.output_dir),
-      scan_layers=FLAGS.scan_layers,
-      lazy=FLAGS.lazy_load_tensors,
-      devices=FLAGS.simulated_cpu_devices_count,
-      save_dtype=FLAGS.save_dtype,
-      overwrite=FLAGS.overwrite,
-      target_model=FLAGS.target_model,
-      target_vocab_size=FLAGS.target_vocab_size,
-      allow_unused_tensors=FLAGS.allow_unused_tensors,
-      max_inflight_bytes=FLAGS.max_inflight_bytes,
-      progress=progress,
-      resume=FLAGS.resume,
-      cancel=cancel,
-  )
-  progress.close()
+  try:
+    result = conversion.convert_to_maxtext(
+        hf_model_path=_resolve(FLAGS.hf_model_path),
+        output_dir=_resolve(FLAGS.output_dir),
+        scan_layers=FLAGS.scan_layers,
+        lazy=FLAGS.lazy_load_tensors,
+        devices=FLAGS.simulated_cpu_devices_count,
+        save_dtype=FLAGS.save_dtype,
+        overwrite=FLAGS.overwrite,
+        target_model=FLAGS.target_model,
+        target_vocab_size=FLAGS.target_vocab_size,
+        allow_unused_tensors=FLAGS.allow_unused_tensors,
+        max_inflight_bytes=FLAGS.max_inflight_bytes,
+        progress=progress,
+        resume=FLAGS.resume,
+        cancel=_cancel_on_signals(),
+    )
+  finally:
+    progress.close()
   seconds = time.monotonic() - start
   plan = result.plan
   print(f"family:        {plan.family.name} ({plan.config.architecture}), target model {plan.target_model}")
