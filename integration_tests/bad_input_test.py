@@ -152,6 +152,19 @@ class BadInputTest(absltest.TestCase):
     harness.run_converter(f"--hf_model_path={self.good}", f"--output_dir={out}", "--simulated_cpu_devices_count=1",
                           "--overwrite")
 
+  def test_dry_run_prints_the_plan_and_writes_nothing(self):
+    out = os.path.join(harness.scratch_dir("dry-"), "out")
+    result = harness.run_converter(f"--hf_model_path={self.good}", f"--output_dir={out}", "--dry_run")
+    self.assertRegex(result.stdout, r"decoder/layers/mlp/wi_0/kernel +\(256, 2, 512\) +bfloat16 +524,288 +"
+                     r"model\.layers\.0\.mlp\.gate_proj\.weight, model\.layers\.1\.mlp\.gate_proj\.weight")
+    self.assertIn("leaves:            14", result.stdout)
+    self.assertIn("predicted peak RSS:", result.stdout)
+    self.assertFalse(os.path.exists(out))
+
+  def test_dry_run_reports_what_the_run_would_hit(self):
+    config = dict(self.config, intermediate_size=self.config["intermediate_size"] + 8)
+    self.assert_refused(self.variant(config=config), "mlp.gate_proj.weight", "has shape", flags=("--dry_run",))
+
   def _in_tmpfs(self, mount_options: str, *flags: str) -> subprocess.CompletedProcess:
     """Runs the converter with OUT on a private tmpfs (a user+mount namespace: no root needed, nothing leaks)."""
     if not _can_mount_tmpfs():

@@ -22,6 +22,7 @@ from converter.families import Layout
 from converter.model_config import load_model_config
 from converter.plan import build_plan
 from converter.safetensors_reader import open_checkpoint
+from converter.verify import verify_checkpoint
 from tools import tiny_models, validate_lib
 
 
@@ -83,6 +84,17 @@ class ValidatorSensitivityTest(parameterized.TestCase):
   def test_same_shape_mistake_is_rejected(self, mutate):
     report = validate_lib.validate(self.model_dir, self._convert_with(mutate), reference=self.reference)
     self.assertNotEqual(report.failures(validate_lib.Thresholds()), [], report)
+
+
+  def test_verify_names_the_leaves_that_differ_from_the_source(self):
+    items = self._convert_with(_gate_up_swapped)
+    config = load_model_config(self.model_dir)
+    correct = build_plan(open_checkpoint(self.model_dir), config, families.family_for_architecture(
+        config.architecture), target_model="qwen3", scan_layers=True, save_dtype="float32")
+    report = verify_checkpoint(correct, items)
+    self.assertEqual(sorted(m.split(" ")[0] for m in report.mismatches),
+                     ["decoder/layers/mlp/wi_0/kernel", "decoder/layers/mlp/wi_1/kernel"])
+    self.assertEqual(verify_checkpoint(correct, self._convert_with(lambda layout: layout)).mismatches, ())
 
 
 if __name__ == "__main__":
