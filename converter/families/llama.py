@@ -47,7 +47,7 @@ def _check(cfg: ModelConfig, target: str) -> list[str]:
 FAMILY = Family(
     name="llama",
     architectures=("LlamaForCausalLM",),
-    targets=("llama2", "llama3", "llama3.1"),
+    targets=("llama2", "llama3", "llama3.1", "llama3.3"),
     infer_target=_infer_target,
     semantics=_semantics,
     layout=common.dense_decoder,
