@@ -14,11 +14,12 @@ INFLIGHT_OVERHEAD = 3.0
 
 
 def _human(n: float) -> str:
-  for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-    if abs(n) < 1024 or unit == "TiB":
-      return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+  units = ("B", "KiB", "MiB", "GiB", "TiB")
+  k = 0
+  while n >= 1024 and k < len(units) - 1:
     n /= 1024
-  return str(n)
+    k += 1
+  return f"{int(n)} B" if k == 0 else f"{n:.1f} {units[k]}"
 
 
 def predicted_peak_bytes(plan: Plan, baseline_bytes: int, max_inflight_bytes: int) -> int:

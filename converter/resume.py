@@ -32,10 +32,10 @@ from absl import logging
 
 from converter.errors import ConversionError
 from converter.plan import Plan
+from converter.writer import STEP, unfinished_dir
 from handlers import BlockWritten
 
-RESUME_DIR = "0.hf2maxtext-resume"
-ORBAX_TMP = "0.orbax-checkpoint-tmp"
+RESUME_DIR = f"{STEP}.hf2maxtext-resume"
 _FSYNC_INTERVAL_S = 0.5
 
 
@@ -126,7 +126,7 @@ class Salvage:
 def prepare(output_dir: str, plan: Plan, *, resume: bool) -> tuple[Salvage, Journal]:
   """Sets up this attempt's journal; with `resume`, collects what earlier attempts wrote."""
   directory = resume_dir(output_dir)
-  stale_tmp = os.path.join(output_dir, ORBAX_TMP)
+  stale_tmp = unfinished_dir(output_dir)
   current = fingerprint(plan)
   fingerprint_path = os.path.join(directory, "fingerprint.json")
   salvage: dict[tuple[str, Block], str] = {}
@@ -180,7 +180,7 @@ def with_salvage(plan: Plan, salvage: Salvage) -> Plan:
 def park(output_dir: str, journal: Journal) -> bool:
   """After a failed save: moves Orbax's temporary directory into the resume directory; True if anything was."""
   journal.close()
-  tmp = os.path.join(output_dir, ORBAX_TMP)
+  tmp = unfinished_dir(output_dir)
   if not os.path.isdir(tmp):
     return False
   os.replace(tmp, os.path.join(resume_dir(output_dir), os.path.basename(journal.path)[: -len(".journal")]))

@@ -37,9 +37,14 @@ def step_dir(output_dir: str) -> str:
   return os.path.join(output_dir, str(STEP))
 
 
+def unfinished_dir(output_dir: str) -> str:
+  """Where Orbax writes the step before renaming it on commit: never a loadable checkpoint."""
+  return os.path.join(output_dir, f"{STEP}.orbax-checkpoint-tmp")
+
+
 def _remove_unfinished(output_dir: str) -> None:
-  """Orbax writes into `<step>.orbax-checkpoint-tmp*` and renames on commit; drop what a failed save left."""
-  for path in glob.glob(os.path.join(output_dir, f"{STEP}.orbax-checkpoint-tmp*")):
+  """Drops what a failed save left in Orbax's temporary directory."""
+  for path in glob.glob(unfinished_dir(output_dir) + "*"):
     shutil.rmtree(path, ignore_errors=True)
 
 
