@@ -10,13 +10,12 @@ from typing import Any
 from absl import logging
 
 from converter import families, writer
-from converter.maxtext_overrides import maxtext_overrides
 from converter.errors import ConversionError
 from converter.model_config import load_model_config
 from converter.plan import Plan, build_plan
 from converter.progress import Progress
-from converter.safetensors_reader import open_checkpoint
 from converter import resume as resume_lib
+from converter import sources
 from handlers import DEFAULT_MAX_INFLIGHT_BYTES, BlockWritten
 
 
@@ -43,14 +42,11 @@ def plan_conversion(
     allow_unused_tensors: bool = False,
 ) -> Plan:
   config = load_model_config(hf_model_path)
-  family = families.family_for_architecture(config.architecture, config.path)
-  target = families.resolve_target(family, config.path, target_model, family.infer_target(config))
-  checkpoint = open_checkpoint(hf_model_path)
+  model = families.resolve(config, target_model=target_model)
+  sources.check_quantization(config.raw, config.path)
   plan = build_plan(
-      checkpoint,
-      config,
-      family,
-      target_model=target,
+      sources.open_source(hf_model_path, config.raw, config.path),
+      model,
       scan_layers=scan_layers,
       save_dtype=save_dtype,
       target_vocab_size=target_vocab_size,
@@ -89,7 +85,7 @@ def convert_to_maxtext(
   )
   writer.prepare_output_dir(output_dir, overwrite, keep_unfinished=lazy)
   salvage, journal = resume_lib.prepare(output_dir, plan, resume=resume) if lazy else (None, None)
-  overrides = maxtext_overrides(plan)
+  overrides = plan.runtime.config.overrides()
   metadata = {
       "scan_layers": scan_layers,
       "hf2maxtext": {

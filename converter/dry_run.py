@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import math
 
 from converter.plan import Plan
@@ -33,17 +34,24 @@ def predicted_peak_bytes(plan: Plan, baseline_bytes: int, max_inflight_bytes: in
 
 
 def describe(plan: Plan, *, baseline_bytes: int, max_inflight_bytes: int) -> str:
+  quantized = getattr(plan.source, "quant_method", None)
   lines = [f"{plan.family.name} ({plan.config.architecture}) -> MaxText {plan.target_model},"
-           f" {'scanned' if plan.scan_layers else 'unscanned'}, {plan.save_dtype.name}", ""]
+           f" {'scanned' if plan.scan_layers else 'unscanned'}, {plan.save_dtype.name}"
+           + (f"; {quantized} weights dequantized while streaming" if quantized else ""), ""]
   width = max(len(leaf.name) for leaf in plan.leaves)
-  lines.append(f"{'leaf':{width}}  {'shape':22}  {'dtype':8}  {'bytes':>12}  sources")
+  formats = {leaf.name: " + ".join(leaf.formats) for leaf in plan.leaves}
+  format_width = max(len(f) for f in formats.values())
+  lines.append(f"{'leaf':{width}}  {'shape':22}  {'dtype':8}  {'bytes':>12}  {'source format':{format_width}}  sources")
   for leaf in plan.leaves:
     sources = ", ".join(leaf.sources[:2]) + (f" ... ({len(leaf.sources)} tensors)" if len(leaf.sources) > 2 else "")
-    lines.append(f"{leaf.name:{width}}  {str(leaf.shape):22}  {leaf.dtype.name:8}  {leaf.nbytes:>12,}  {sources}")
+    lines.append(f"{leaf.name:{width}}  {str(leaf.shape):22}  {leaf.dtype.name:8}  {leaf.nbytes:>12,}"
+                 f"  {formats[leaf.name]:{format_width}}  {sources}")
+  tensors = collections.Counter(t.format for t in plan.source.tensors.values())
   lines += [
       "",
       f"leaves:            {len(plan.leaves)}",
-      f"source tensors:    {sum(len(leaf.sources) for leaf in plan.leaves)}",
+      f"source tensors:    {sum(len(leaf.sources) for leaf in plan.leaves)}"
+      f" ({', '.join(f'{n} {f}' for f, n in sorted(tensors.items()))})",
       f"bytes to write:    {plan.total_bytes:,} ({_human(plan.total_bytes)})",
       f"predicted peak RSS: {_human(predicted_peak_bytes(plan, baseline_bytes, max_inflight_bytes))}"
       f" (budget {_human(max_inflight_bytes)})",

@@ -66,6 +66,11 @@ def load_model_config(model_dir: str) -> ModelConfig:
     raise ConversionError(f"{path}: missing (a HuggingFace checkpoint directory needs its config.json)") from e
   except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
     raise ConversionError(f"{path}: malformed config.json ({type(e).__name__}: {e})") from e
+  return parse_model_config(raw, path)
+
+
+def parse_model_config(raw: Any, path: str) -> ModelConfig:
+  """A config.json dict, read from `path` (errors name it); raises ConversionError naming the key on any problem."""
   if not isinstance(raw, dict):
     raise ConversionError(f"{path}: malformed config.json (not a JSON object)")
   architectures = raw.get("architectures")

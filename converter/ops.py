@@ -16,6 +16,8 @@ import math
 
 import numpy as np
 
+from converter.arrays import transpose_last_two
+
 Shape = tuple[int, ...]
 
 
@@ -43,28 +45,10 @@ class Transpose(Op):
     return shape[::-1]
 
   def __call__(self, x: np.ndarray) -> np.ndarray:
-    return transpose_2d(x) if x.ndim == 2 else np.ascontiguousarray(x.T)
+    return transpose_last_two(x) if x.ndim == 2 else np.ascontiguousarray(x.T)
 
   def inverse(self, input_shape: Shape) -> Op:
     return Transpose()  # Reversing the axes twice is the identity.
-
-
-_TRANSPOSE_ROWS = 16
-
-
-def transpose_2d(x: np.ndarray) -> np.ndarray:
-  """`x.T` made contiguous, 16 source rows at a time.
-
-  numpy's own strided copy walks the whole destination column by column and misses the cache on every
-  element: 300-900 MB/s for bfloat16 weight matrices here. Copying thin slabs keeps both sides in cache:
-  2-4 GB/s on the same matrices (measured on 768x2048 to 14336x4096, bfloat16 and float32). Transposes are
-  most of a conversion's CPU time.
-  """
-  rows = x.shape[0]
-  out = np.empty(x.shape[::-1], dtype=x.dtype)
-  for start in range(0, rows, _TRANSPOSE_ROWS):
-    out[:, start : start + _TRANSPOSE_ROWS] = x[start : start + _TRANSPOSE_ROWS].T
-  return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -267,6 +251,53 @@ class CropColumns(Op):
     return PadColumns(input_shape[-1])
 
 
+@dataclasses.dataclass(frozen=True)
+class SplitLast(Op):
+  """Part `index` of `parts` along the last axis: one projection of a fused one (gate and up of `gate_up_proj`).
+
+  Not invertible on its own: the reverse direction joins the parts of every param that reads the same HF
+  tensor, each with `place`.
+  """
+
+  index: int
+  parts: int
+
+  def shape(self, shape: Shape) -> Shape:
+    if shape[-1] % self.parts:
+      raise ValueError(f"cannot split a last axis of {shape[-1]} into {self.parts} parts")
+    return tuple(shape[:-1]) + (shape[-1] // self.parts,)
+
+  def selection(self, size: int) -> slice:
+    raise NotImplementedError
+
+  def __call__(self, x: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(x[..., self.selection(x.shape[-1])])
+
+  def inverse(self, input_shape: Shape) -> Op:
+    raise ValueError(f"{self} is undone by joining the parts of the fused tensor (SplitLast.place)")
+
+  def place(self, out: np.ndarray, part: np.ndarray) -> None:
+    """Writes `part` where this op took it from in `out`, the fused tensor."""
+    out[..., self.selection(out.shape[-1])] = part
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitInterleaved(SplitLast):
+  """Every `parts`-th column from `index` (GPT-OSS's gate_up_proj: gate at 0::2, up at 1::2)."""
+
+  def selection(self, size: int) -> slice:
+    return slice(self.index, None, self.parts)
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitHalves(SplitLast):
+  """The `index`-th of `parts` equal runs of columns (Llama 4's gate_up_proj: gate first, then up)."""
+
+  def selection(self, size: int) -> slice:
+    width = size // self.parts
+    return slice(self.index * width, (self.index + 1) * width)
+
+
 def output_shape(ops: tuple[Op, ...], shape: Shape) -> Shape:
   for op in ops:
     shape = op.shape(shape)
@@ -274,7 +305,10 @@ def output_shape(ops: tuple[Op, ...], shape: Shape) -> Shape:
 
 
 def inverse_ops(ops: tuple[Op, ...], shape: Shape) -> tuple[Op, ...]:
-  """The recipe that undoes `ops` applied to a tensor of `shape`: each op's inverse, last op first."""
+  """The recipe that undoes `ops` applied to a tensor of `shape`: each op's inverse, last op first. A leading
+  SplitLast is left out: undoing it needs the other parts (see SplitLast.place)."""
+  if ops and isinstance(ops[0], SplitLast):
+    shape, ops = ops[0].shape(shape), ops[1:]
   inverses = []
   for op in ops:
     inverses.append(op.inverse(tuple(shape)))

@@ -1,8 +1,9 @@
-"""Turns a family description and a checkpoint's headers into the full list of output leaves.
+"""Turns a family's layout and a checkpoint's tensor source into the full list of output leaves.
 
 Everything that can be checked without reading weights is checked here (every tensor present, every shape as
 `config.json` implies, nothing left over, dtypes convertible), so a bad input fails before the first byte is
-written. The plan's leaves carry picklable loaders; nothing is read until a loader is called.
+written. The plan's leaves carry picklable loaders; nothing is read until a loader is called, and then only
+through the source, which dequantizes whatever the checkpoint stores quantized.
 """
 
 from __future__ import annotations
@@ -14,33 +15,32 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from converter.errors import ConversionError
-from converter.families import Family, Layout, Param
-from converter.families.base import DecoderSemantics
-from converter.model_config import ModelConfig
 from converter import ops as ops_lib
+from converter.errors import ConversionError
+from converter.families import Family, Layout, Param, ResolvedModel
+from converter.families.runtime import Runtime
+from converter.model_config import ModelConfig
 from converter.ops import Op, output_shape
-from converter.safetensors_reader import FLOATING_DTYPES, SafetensorsCheckpoint, TensorInfo, read_tensor
+from converter.sources import FLOATING, SourceTensor, TensorSource
 
 Shape = tuple[int, ...]
-SCAN_AXIS = 1  # MaxText's param_scan_axis: the layer axis of a scanned leaf.
-
 
 ROW_BLOCK_BYTES = 64 << 20
-_ELEMENTWISE = (ops_lib.ScaleInFloat32, ops_lib.AddInFloat32)
+_ROW_PRESERVING = (ops_lib.ScaleInFloat32, ops_lib.AddInFloat32, ops_lib.SplitLast)
 
 
 def source_row_axis(ops: tuple[Op, ...]) -> int | None:
   """The output axis that runs along the HF tensor's rows, when a run of rows converts on its own.
 
   Embeddings (rows stay rows, the vocab padded) and logits kernels (rows become columns) are the largest
-  single tensors of most models (Qwen3's 151936-row tables, 1.2 GB each): reading them a slab of rows at a
-  time keeps every block, and so the memory a save needs, small.
+  single tensors of most models (Qwen3's 151936-row tables, 1.2 GB each), and one expert of a fused expert
+  tensor can be as large (Llama 4 Maverick: 168 MB): reading them a slab of rows at a time keeps every block,
+  and so the memory a save needs, small.
   """
-  if all(isinstance(op, (*_ELEMENTWISE, ops_lib.PadRows)) for op in ops):
+  if all(isinstance(op, (*_ROW_PRESERVING, ops_lib.PadRows)) for op in ops):
     return 0
   if ops and isinstance(ops[0], ops_lib.Transpose) and all(
-      isinstance(op, (*_ELEMENTWISE, ops_lib.PadColumns)) for op in ops[1:]
+      isinstance(op, (*_ROW_PRESERVING, ops_lib.PadColumns)) for op in ops[1:]
   ):
     return 1
   return None
@@ -48,16 +48,22 @@ def source_row_axis(ops: tuple[Op, ...]) -> int | None:
 
 @dataclasses.dataclass(frozen=True)
 class FromTensor:
-  """Loader: one HF tensor, cast to the save dtype, then the family's ops; large 2-D ones a slab of rows at a time."""
+  """Loader: one source tensor (or one expert's slice of it, `lead`), read in the save dtype, then the family's
+  ops; large 2-D ones a slab of rows at a time."""
 
-  tensor: TensorInfo
+  tensor: SourceTensor
+  lead: tuple[int, ...]
   ops: tuple[Op, ...]
   dtype: np.dtype
   shape: Shape
 
   @property
+  def _part_shape(self) -> Shape:
+    return tuple(self.tensor.shape[len(self.lead):])
+
+  @property
   def _row_axis(self) -> int | None:
-    if len(self.shape) != 2 or len(self.tensor.shape) != 2:
+    if len(self.shape) != 2 or len(self._part_shape) != 2:
       return None
     if math.prod(self.shape) * self.dtype.itemsize <= ROW_BLOCK_BYTES:
       return None
@@ -74,7 +80,7 @@ class FromTensor:
     return tuple(block)
 
   def __call__(self) -> np.ndarray:
-    x = read_tensor(self.tensor, self.dtype)  # A private copy: the ops below never see the file map.
+    x = self.tensor.read(self.dtype, self.lead)  # A private copy: the ops below never see the file map.
     for op in self.ops:
       x = op(x)
     return x
@@ -84,8 +90,8 @@ class FromTensor:
     if axis is None:
       return self()[index]
     start, stop, _ = index[axis].indices(self.shape[axis])
-    stored = min(stop, self.tensor.shape[0])
-    x = read_tensor(self.tensor, self.dtype, rows=(min(start, stored), stored))
+    stored = min(stop, self._part_shape[0])
+    x = self.tensor.read(self.dtype, self.lead + (slice(min(start, stored), stored),))
     for op in self.ops:
       if isinstance(op, ops_lib.PadRows):
         x = ops_lib.PadRows(stop - start)(x)
@@ -125,6 +131,17 @@ class Stack:
     return out
 
 
+def source_tensors(loader: Any) -> Iterator[SourceTensor]:
+  """Every source tensor a leaf's loader reads."""
+  if isinstance(loader, FromTensor):
+    yield loader.tensor
+  for part in getattr(loader, "parts", ()):
+    yield from source_tensors(part)
+  inner = getattr(loader, "inner", None)
+  if inner is not None:
+    yield from source_tensors(inner)
+
+
 @dataclasses.dataclass(frozen=True)
 class Leaf:
   path: tuple[str, ...]
@@ -141,19 +158,39 @@ class Leaf:
   def nbytes(self) -> int:
     return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
 
+  @property
+  def formats(self) -> tuple[str, ...]:
+    """How its sources are stored ("BF16", "F8_E4M3 x F32 scales, 128x128 blocks", ...), each once."""
+    return tuple(dict.fromkeys(t.format for t in source_tensors(self.loader)))
+
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-  family: Family
-  config: ModelConfig
-  semantics: DecoderSemantics
-  target_model: str
+  model: ResolvedModel
+  source: TensorSource
   target_vocab_size: int
   scan_layers: bool
   save_dtype: np.dtype
   leaves: tuple[Leaf, ...]
   unused_tensors: tuple[str, ...]
   warnings: tuple[str, ...]
+
+  @property
+  def family(self) -> Family:
+    return self.model.family
+
+  @property
+  def config(self) -> ModelConfig:
+    return self.model.config
+
+  @property
+  def target_model(self) -> str:
+    return self.model.target
+
+  @property
+  def runtime(self) -> Runtime:
+    """What MaxText computes with this checkpoint: the recorded overrides and the decoder's fixed rules."""
+    return self.model.runtime.replace_config(vocab_size=self.target_vocab_size, scan_layers=self.scan_layers)
 
   @property
   def total_bytes(self) -> int:
@@ -171,38 +208,41 @@ class Plan:
 
 
 class _Sources:
-  """HF tensors by name, with the checks every lookup needs."""
+  """Source tensors by name, with the checks every lookup needs."""
 
-  def __init__(self, checkpoint: SafetensorsCheckpoint, config: ModelConfig, save_dtype: np.dtype):
-    self._checkpoint = checkpoint
+  def __init__(self, source: TensorSource, config: ModelConfig, save_dtype: np.dtype):
+    self._source = source
     self._config = config
     self._dtype = save_dtype
     self.used: set[str] = set()
 
-  def load(self, name: str, expected_shape: Shape, ops: tuple[Op, ...]) -> tuple[FromTensor, Shape]:
-    info = self._checkpoint.tensors.get(name)
-    if info is None:
+  def load(self, name: str, expected_shape: Shape, ops: tuple[Op, ...], lead: tuple[int, ...] = ()) -> tuple[FromTensor, Shape]:
+    tensor = self._source.tensors.get(name)
+    if tensor is None:
       raise ConversionError(
-          f"{self._checkpoint.directory}: tensor {name!r} is missing from the checkpoint"
-          f" ({len(self._checkpoint.tensors)} tensors in {len(self._checkpoint.files)} file(s));"
+          f"{self._source.location}: tensor {name!r} is missing from the checkpoint"
+          f" ({len(self._source.tensors)} tensors in {len(self._source.files)} file(s));"
           f" {self._config.architecture} with this config.json needs it"
       )
-    if info.dtype_code not in FLOATING_DTYPES:
+    files = ", ".join(tensor.files)
+    if tensor.dtype not in FLOATING:
       raise ConversionError(
-          f"{info.path}: tensor {name!r} has dtype {info.dtype_code}; only floating-point weights (F32, F16, BF16,"
-          " F64) can be converted (quantized checkpoints must be dequantized first)"
+          f"{files}: tensor {name!r} has dtype {tensor.format}; only floating-point weights (F32, F16, BF16, F64)"
+          " can be converted, or quantized ones whose config.json names a supported"
+          " quantization_config.quant_method (quantized checkpoints must otherwise be dequantized first)"
       )
-    if info.shape != tuple(expected_shape):
+    if tuple(tensor.shape) != tuple(expected_shape):
       raise ConversionError(
-          f"{info.path}: tensor {name!r} has shape {info.shape}, but {self._config.path} implies"
+          f"{files}: tensor {name!r} has shape {tuple(tensor.shape)}, but {self._config.path} implies"
           f" {tuple(expected_shape)}"
       )
     self.used.add(name)
+    part = tuple(tensor.shape[len(lead):])
     try:
-      shape = output_shape(ops, info.shape)
+      shape = output_shape(ops, part)
     except ValueError as e:
-      raise ConversionError(f"{info.path}: tensor {name!r}: {e}") from e
-    return FromTensor(info, ops, self._dtype, shape), shape
+      raise ConversionError(f"{files}: tensor {name!r}: {e}") from e
+    return FromTensor(tensor, lead, ops, self._dtype, shape), shape
 
 
 def _stack(parts: list[tuple[Any, Shape]], axis: int, dtype: np.dtype) -> tuple[Any, Shape]:
@@ -219,78 +259,85 @@ def _param_loader(sources: _Sources, param: Param, layer: int | None, dtype: np.
     name = param.hf.format(layer=layer)
     loader, shape = sources.load(name, param.hf_shape, param.ops)
     return loader, shape, [name]
+  if param.experts_in_tensor:
+    name = param.hf.format(layer=layer)
+    parts = [sources.load(name, param.hf_shape, param.ops, lead=(e,)) for e in range(param.experts)]
+    loader, shape = _stack(parts, 0, dtype)
+    return loader, shape, [name]
   names = [param.hf.format(layer=layer, expert=e) for e in range(param.experts)]
   parts = [sources.load(n, param.hf_shape, param.ops) for n in names]
   loader, shape = _stack(parts, 0, dtype)
   return loader, shape, names
 
 
-def _layer_leaves(sources: _Sources, layout: Layout, scan_layers: bool, dtype: np.dtype) -> Iterator[Leaf]:
-  for group in layout.layer_groups(layout.num_layers, scan_layers):
-    for param in layout.layer:
+def _layer_leaves(sources: _Sources, layout: Layout, dtype: np.dtype) -> Iterator[Leaf]:
+  for group in layout.groups:
+    for param in group.params:
       per_layer = [_param_loader(sources, param, i, dtype) for i in group.layers]
-      names = tuple(n for _, _, ns in per_layer for n in ns)
+      names = tuple(dict.fromkeys(n for _, _, ns in per_layer for n in ns))
       path = (*group.path, *param.maxtext.split("/"))
       if group.stacked:
-        loader, shape = _stack([(p, s) for p, s, _ in per_layer], SCAN_AXIS, dtype)
+        loader, shape = _stack([(p, s) for p, s, _ in per_layer], param.scan_axis, dtype)
       else:
         (loader, shape, _), = per_layer
       yield Leaf(path, shape, dtype, names, loader)
 
 
-def _check_tied_embeddings(checkpoint: SafetensorsCheckpoint, config: ModelConfig) -> None:
-  has_head = "lm_head.weight" in checkpoint.tensors
-  if config.tie_word_embeddings and has_head:
+LOGITS_KERNEL = "decoder/logits_dense/kernel"
+
+
+def check_tied_embeddings(source: TensorSource, config: ModelConfig, layout: Layout) -> None:
+  """A checkpoint whose `tie_word_embeddings` contradicts its tensors is refused, naming both."""
+  heads = [p.hf for p in layout.top if p.maxtext == LOGITS_KERNEL]
+  if config.tie_word_embeddings:
+    stored = sorted(n for n in source.tensors if n == "lm_head.weight" or n.endswith(".lm_head.weight"))
+    if stored:
+      raise ConversionError(
+          f"{config.path}: tie_word_embeddings is true, but the checkpoint has its own {stored[0]!r}"
+          f" (in {', '.join(source.tensors[stored[0]].files)}); fix the flag or drop the tensor"
+      )
+  elif heads and heads[0] not in source.tensors:
     raise ConversionError(
-        f"{config.path}: tie_word_embeddings is true, but the checkpoint has its own 'lm_head.weight'"
-        f" (in {checkpoint.tensors['lm_head.weight'].path}); fix the flag or drop the tensor"
-    )
-  if not config.tie_word_embeddings and not has_head:
-    raise ConversionError(
-        f"{config.path}: tie_word_embeddings is false (or unset), but the checkpoint has no 'lm_head.weight';"
+        f"{config.path}: tie_word_embeddings is false (or unset), but the checkpoint has no {heads[0]!r};"
         " set tie_word_embeddings to true if the model shares its embedding"
     )
 
 
 def build_plan(
-    checkpoint: SafetensorsCheckpoint,
-    config: ModelConfig,
-    family: Family,
+    source: TensorSource,
+    model: ResolvedModel,
     *,
-    target_model: str,
     scan_layers: bool,
     save_dtype: Any,
     target_vocab_size: int | None = None,
     allow_unused_tensors: bool = False,
 ) -> Plan:
+  config = model.config
   dtype = np.dtype(save_dtype)
   target_vocab = target_vocab_size or config.vocab_size
   if target_vocab < config.vocab_size:
     raise ConversionError(
         f"--target_vocab_size={target_vocab} is smaller than the checkpoint's vocab_size {config.vocab_size}"
     )
-  _check_tied_embeddings(checkpoint, config)
-  warnings = list(family.check(config, target_model))
-  semantics = family.semantics(config, target_model)
-  layout = family.layout(config, semantics, target_vocab)
-  sources = _Sources(checkpoint, config, dtype)
+  warnings = model.warnings()
+  layout = model.layout(target_vocab, scan_layers)
+  check_tied_embeddings(source, config, layout)
+  sources = _Sources(source, config, dtype)
   leaves = []
   for param in layout.top:
     loader, shape, names = _param_loader(sources, param, None, dtype)
     leaves.append(Leaf(tuple(param.maxtext.split("/")), shape, dtype, tuple(names), loader))
-  leaves.extend(_layer_leaves(sources, layout, scan_layers, dtype))
-  ignored = [re.compile(p) for p in family.ignored_tensors]
-  unused = sorted(
-      n for n in checkpoint.tensors if n not in sources.used and not any(p.match(n) for p in ignored)
-  )
+  leaves.extend(_layer_leaves(sources, layout, dtype))
+  ignored = [re.compile(p) for p in model.family.ignored_tensors(config)]
+  skipped = sorted(n for n in source.tensors if n not in sources.used and any(p.match(n) for p in ignored))
+  unused = sorted(n for n in source.tensors if n not in sources.used and n not in skipped)
   if unused:
     warnings.append(f"{len(unused)} unused tensor(s): {', '.join(unused[:5])}{' ...' if len(unused) > 5 else ''}")
   if unused and not allow_unused_tensors:
-    shown = ", ".join(f"{n!r} ({checkpoint.tensors[n].path})" for n in unused[:5])
+    shown = ", ".join(f"{n!r} ({', '.join(source.tensors[n].files)})" for n in unused[:5])
     raise ConversionError(
-        f"{checkpoint.directory}: {len(unused)} tensor(s) that {family.name} does not use: {shown}"
+        f"{source.location}: {len(unused)} tensor(s) that {model.family.name} does not use: {shown}"
         f"{' ...' if len(unused) > 5 else ''}; the checkpoint may not match config.json"
         " (pass --allow_unused_tensors to convert anyway)"
     )
-  return Plan(family, config, semantics, target_model, target_vocab, scan_layers, dtype, tuple(leaves), tuple(unused),
-              tuple(warnings))
+  return Plan(model, source, target_vocab, scan_layers, dtype, tuple(leaves), tuple(unused), tuple(warnings))

@@ -8,9 +8,9 @@ from unittest import mock
 import numpy as np
 from absl.testing import absltest, parameterized
 
-from converter import families, ops, plan
+from converter import arrays, families, ops, plan
 from converter.model_config import load_model_config
-from converter.safetensors_reader import open_checkpoint
+from converter.sources import open_source
 from handlers import LazyTensor, block_indices
 from tools.make_tiny_checkpoint import TINY_QWEN3_CONFIG, tiny_qwen3_tensors
 from tools.safetensors_writer import write_safetensors
@@ -36,8 +36,8 @@ class PlanLoadersTest(parameterized.TestCase):
 
   def _plan(self, **kwargs):
     config = load_model_config(self.model_dir)
-    return plan.build_plan(open_checkpoint(self.model_dir), config, families.family_for_architecture(
-        config.architecture), target_model="qwen3", save_dtype=kwargs.pop("save_dtype", "float32"), **kwargs)
+    return plan.build_plan(open_source(self.model_dir, config.raw, config.path), families.resolve(config),
+                           save_dtype=kwargs.pop("save_dtype", "float32"), **kwargs)
 
   @parameterized.parameters((True, "float32"), (False, "bfloat16"))
   def test_blocks_reassemble_every_leaf(self, scan_layers, save_dtype):
@@ -64,11 +64,11 @@ class PlanLoadersTest(parameterized.TestCase):
     lazy = LazyTensor(leaf.name, leaf.shape, leaf.dtype, leaf.loader)
     self.assertEqual(lazy.block_shape, (64, 1, 4, 24))
 
-  def test_transpose_2d_equals_numpy(self):
+  def test_transpose_last_two_equals_numpy(self):
     for shape in ((1, 1), (5, 3), (16, 7), (33, 70), (100, 17)):
       x = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
-      np.testing.assert_array_equal(ops.transpose_2d(x), x.T)
-      self.assertTrue(ops.transpose_2d(x).flags.c_contiguous)
+      np.testing.assert_array_equal(arrays.transpose_last_two(x), x.T)
+      self.assertTrue(arrays.transpose_last_two(x).flags.c_contiguous)
 
   def test_source_row_axis(self):
     self.assertEqual(plan.source_row_axis((ops.PadRows(8), ops.ScaleInFloat32(2.0))), 0)

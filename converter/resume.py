@@ -31,7 +31,7 @@ import tensorstore as ts
 from absl import logging
 
 from converter.errors import ConversionError
-from converter.plan import Plan
+from converter.plan import Plan, source_tensors
 from converter.writer import STEP, unfinished_dir
 from handlers import BlockWritten
 
@@ -45,7 +45,7 @@ def resume_dir(output_dir: str) -> str:
 
 def fingerprint(plan: Plan) -> dict[str, Any]:
   """What must not change between an interrupted run and its resumption."""
-  files = sorted({t.path for leaf in plan.leaves for t in _tensor_infos(leaf.loader)})
+  files = sorted({f for leaf in plan.leaves for t in source_tensors(leaf.loader) for f in t.files})
   return {
       "inputs": [[f, os.path.getsize(f), os.stat(f).st_mtime_ns] for f in files],
       "plan": hashlib.sha256(json.dumps(
@@ -53,13 +53,6 @@ def fingerprint(plan: Plan) -> dict[str, Any]:
       ).encode()).hexdigest(),
       "target_model": plan.target_model,
   }
-
-
-def _tensor_infos(loader: Any):
-  if hasattr(loader, "tensor"):
-    yield loader.tensor
-  for part in getattr(loader, "parts", ()):
-    yield from _tensor_infos(part)
 
 
 class Journal:

@@ -155,7 +155,7 @@ class BadInputTest(absltest.TestCase):
   def test_dry_run_prints_the_plan_and_writes_nothing(self):
     out = os.path.join(harness.scratch_dir("dry-"), "out")
     result = harness.run_converter(f"--hf_model_path={self.good}", f"--output_dir={out}", "--dry_run")
-    self.assertRegex(result.stdout, r"decoder/layers/mlp/wi_0/kernel +\(256, 2, 512\) +bfloat16 +524,288 +"
+    self.assertRegex(result.stdout, r"decoder/layers/mlp/wi_0/kernel +\(256, 2, 512\) +bfloat16 +524,288 +F32 +"
                      r"model\.layers\.0\.mlp\.gate_proj\.weight, model\.layers\.1\.mlp\.gate_proj\.weight")
     self.assertIn("leaves:            14", result.stdout)
     self.assertIn("predicted peak RSS:", result.stdout)

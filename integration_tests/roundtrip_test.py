@@ -32,7 +32,7 @@ harness.start_jax()
 import ml_dtypes  # pylint: disable=g-import-not-at-top,g-bad-import-order
 import numpy as np  # pylint: disable=g-import-not-at-top,g-bad-import-order
 
-from converter import ops, to_huggingface  # pylint: disable=g-import-not-at-top
+from converter import ops, reverse_plan, safetensors_output, to_huggingface  # pylint: disable=g-import-not-at-top
 from converter.checkpoint_reader import CheckpointReader  # pylint: disable=g-import-not-at-top
 from tools import tiny_models, validate_lib  # pylint: disable=g-import-not-at-top
 
@@ -129,8 +129,8 @@ class RoundTripTest(parameterized.TestCase):
     """Names, shapes, dtypes and bytes of `back_dir` against `original_dir`; returns stats of inexact tensors."""
     original, back = original_tensors(original_dir), load_tensors(back_dir)
     self.assertEqual(sorted(back), sorted(original))
-    plan = to_huggingface.plan_to_huggingface(items, **plan_flags)
-    inexact = {t.name: t.ops for t in plan.tensors if not t.exact}
+    plan = reverse_plan.plan_to_huggingface(items, **plan_flags)
+    inexact = {t.name: t.pieces[0][0].ops for t in plan.tensors if not t.exact}
     for name in inexact:
       self.assertRegex(name, INEXACT_ALLOWED)
     worst_ulps, identical, elements = 0.0, 0, 0
@@ -210,8 +210,8 @@ class RoundTripTest(parameterized.TestCase):
     if not stats["inexact_tensors"]:
       self.assertEqual(diff, 0.0)
       return
-    plan = to_huggingface.plan_to_huggingface(items)
-    if not plan.family.semantics(plan.config, plan.target_model).moe:
+    plan = reverse_plan.plan_to_huggingface(items)
+    if not plan.family.runtime(plan.config, plan.target_model).decoder.routing:
       self.assertLessEqual(diff, BFLOAT16_MAX_LOGITS_DIFF_DENSE)
     self.assertGreaterEqual(cosine, BFLOAT16_MIN_COSINE)
     self.assertEqual(agreement, 1.0)
@@ -380,14 +380,14 @@ class RoundTripTest(parameterized.TestCase):
     self.assertIn("--hf_model_path", result.stderr)
 
   def test_max_shard_size_parsing(self):
-    self.assertEqual(to_huggingface.parse_size("5GB"), 5 * 10**9)
-    self.assertEqual(to_huggingface.parse_size("500MB"), 500 * 10**6)
-    self.assertEqual(to_huggingface.parse_size("2GiB"), 2 * 2**30)
-    self.assertEqual(to_huggingface.parse_size("1.5 kb"), 1500)
-    self.assertEqual(to_huggingface.parse_size(12345), 12345)
+    self.assertEqual(safetensors_output.parse_size("5GB"), 5 * 10**9)
+    self.assertEqual(safetensors_output.parse_size("500MB"), 500 * 10**6)
+    self.assertEqual(safetensors_output.parse_size("2GiB"), 2 * 2**30)
+    self.assertEqual(safetensors_output.parse_size("1.5 kb"), 1500)
+    self.assertEqual(safetensors_output.parse_size(12345), 12345)
     for bad in ("", "5XB", "-1GB", "0"):
-      with self.assertRaises(to_huggingface.ConversionError):
-        to_huggingface.parse_size(bad)
+      with self.assertRaises(safetensors_output.ConversionError):
+        safetensors_output.parse_size(bad)
 
 
 if __name__ == "__main__":

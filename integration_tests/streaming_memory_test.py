@@ -23,7 +23,7 @@ from absl.testing import absltest, parameterized
 from converter import families, writer  # pylint: disable=g-import-not-at-top
 from converter.model_config import load_model_config
 from converter.plan import build_plan
-from converter.safetensors_reader import open_checkpoint
+from converter.sources import open_source
 from integration_tests import harness
 from tools import checkpoint_io, tiny_models
 
@@ -78,10 +78,9 @@ class StreamingMemoryTest(parameterized.TestCase):
         "qwen3_moe", harness.scratch_dir("moe-hf-"), num_hidden_layers=8, num_experts=8
     )
     cls.config = load_model_config(cls.model_dir)
-    cls.family = families.family_for_architecture(cls.config.architecture)
 
   def _plan(self):
-    return build_plan(open_checkpoint(self.model_dir), self.config, self.family, target_model="qwen3",
+    return build_plan(open_source(self.model_dir, self.config.raw, self.config.path), families.resolve(self.config),
                       scan_layers=True, save_dtype="float32")
 
   @parameterized.named_parameters(("devices1", 1), ("devices16", 16))

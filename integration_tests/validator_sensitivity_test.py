@@ -21,15 +21,19 @@ from converter import families, writer  # pylint: disable=g-import-not-at-top,g-
 from converter.families import Layout
 from converter.model_config import load_model_config
 from converter.plan import build_plan
-from converter.safetensors_reader import open_checkpoint
+from converter.sources import open_source
 from converter.verify import verify_checkpoint
 from tools import tiny_models, validate_lib
 
 
 def _swap_hf_names(layout: Layout, a: str, b: str) -> Layout:
-  by_path = {p.maxtext: p for p in layout.layer}
-  swapped = {a: dataclasses.replace(by_path[a], hf=by_path[b].hf), b: dataclasses.replace(by_path[b], hf=by_path[a].hf)}
-  return dataclasses.replace(layout, layer=tuple(swapped.get(p.maxtext, p) for p in layout.layer))
+  def swap(group):
+    by_path = {p.maxtext: p for p in group.params}
+    swapped = {a: dataclasses.replace(by_path[a], hf=by_path[b].hf),
+               b: dataclasses.replace(by_path[b], hf=by_path[a].hf)}
+    return dataclasses.replace(group, params=tuple(swapped.get(p.maxtext, p) for p in group.params))
+
+  return dataclasses.replace(layout, groups=tuple(swap(g) for g in layout.groups))
 
 
 def _gate_up_swapped(layout: Layout) -> Layout:
@@ -60,16 +64,19 @@ class ValidatorSensitivityTest(parameterized.TestCase):
         cls.model_dir, validate_lib.token_ids(config.vocab_size, 2, 32, 0)
     )
 
+  def _plan(self, mutate=lambda layout: layout, **kwargs):
+    config = load_model_config(self.model_dir)
+    model = families.resolve(config)
+    broken = dataclasses.replace(model.family, layout=lambda *args: mutate(model.family.layout(*args)))
+    return build_plan(open_source(self.model_dir, config.raw, config.path), dataclasses.replace(model, family=broken),
+                      scan_layers=True, save_dtype="float32", **kwargs)
+
   def _convert_with(self, mutate) -> str:
-    family = families.family_for_architecture("Qwen3ForCausalLM")
-    broken = dataclasses.replace(family, layout=lambda cfg, sem, vocab: mutate(family.layout(cfg, sem, vocab)))
-    plan = build_plan(
-        open_checkpoint(self.model_dir), load_model_config(self.model_dir), broken, target_model="qwen3",
-        scan_layers=True, save_dtype="float32", allow_unused_tensors=True,
-    )
+    plan = self._plan(mutate, allow_unused_tensors=True)
     out = harness.scratch_dir("broken-")
     writer.save(plan, out, lazy=True, devices=1, max_inflight_bytes=1 << 30,
-                custom_metadata={"scan_layers": True, "hf2maxtext": {"family": "qwen3", "target_model": "qwen3"}})
+                custom_metadata={"scan_layers": True, "hf2maxtext": {"family": "qwen3", "target_model": "qwen3",
+                                                                   "maxtext_overrides": plan.runtime.config.overrides()}})
     return os.path.join(out, "0", "items")
 
   def test_correct_conversion_passes(self):
@@ -88,9 +95,7 @@ class ValidatorSensitivityTest(parameterized.TestCase):
 
   def test_verify_names_the_leaves_that_differ_from_the_source(self):
     items = self._convert_with(_gate_up_swapped)
-    config = load_model_config(self.model_dir)
-    correct = build_plan(open_checkpoint(self.model_dir), config, families.family_for_architecture(
-        config.architecture), target_model="qwen3", scan_layers=True, save_dtype="float32")
+    correct = self._plan()
     report = verify_checkpoint(correct, items)
     self.assertEqual(sorted(m.split(" ")[0] for m in report.mismatches),
                      ["decoder/layers/mlp/wi_0/kernel", "decoder/layers/mlp/wi_1/kernel"])

@@ -68,29 +68,28 @@ def compare_logits(ours: np.ndarray, reference: np.ndarray) -> tuple[float, floa
   return diff, cosine, agreement
 
 
+def recorded_runtime(hf_model_path: str, items_path: str, tree: Any) -> tuple[families.Runtime, families.Layout]:
+  """What MaxText computes with the checkpoint, from what the converter recorded in it: the overrides exactly as
+  recorded (what a user passes to MaxText), the decoder's fixed rules and the layout of the recorded target."""
+  metadata = checkpoint_io.custom_metadata(items_path)
+  info = metadata.get("hf2maxtext", {})
+  model = families.resolve(load_model_config(hf_model_path), family=info.get("family"),
+                           target_model=info.get("target_model"))
+  params = tree["params"]["params"]
+  scan_layers = bool(metadata.get("scan_layers", "layers" in params["decoder"]))
+  runtime = model.runtime
+  if "maxtext_overrides" in info:
+    runtime = families.Runtime(families.MaxTextConfig(**info["maxtext_overrides"]), model.runtime.decoder)
+  return runtime, model.layout(params["token_embedder"]["embedding"].shape[0], scan_layers)
+
+
 def checkpoint_logits(hf_model_path: str, items_path: str, ids: np.ndarray) -> tuple[np.ndarray, Any, bool]:
   """Our forward on the checkpoint restored through v0; also whether the v1 restore is bit-identical."""
   tree = checkpoint_io.restore_v0(items_path)
   v1_tree = checkpoint_io.restore_v1(items_path, tree)
   identical = not checkpoint_io.trees_bit_identical(tree, v1_tree)
-  metadata = checkpoint_io.custom_metadata(items_path)
-  info = metadata.get("hf2maxtext", {})
-  config = load_model_config(hf_model_path)
-  family = families.family_by_name(info["family"]) if "family" in info else families.family_for_architecture(
-      config.architecture
-  )
-  semantics = family.semantics(config, info.get("target_model") or family.infer_target(config))
-  cfg = forward.ForwardConfig(
-      num_layers=config.num_layers,
-      head_dim=config.head_dim,
-      rms_norm_eps=config.rms_norm_eps,
-      rope_theta=config.rope_theta,
-      tie_word_embeddings=config.tie_word_embeddings,
-      semantics=semantics,
-      num_experts_per_tok=int(config.get("num_experts_per_tok") or 0),
-  )
-  scan_layers = bool(metadata.get("scan_layers", "layers" in tree["params"]["params"]["decoder"]))
-  return forward.logits(tree["params"]["params"], ids, cfg, scan_layers), tree, identical
+  runtime, layout = recorded_runtime(hf_model_path, items_path, tree)
+  return forward.logits(tree["params"]["params"], ids, runtime, layout), tree, identical
 
 
 def validate(

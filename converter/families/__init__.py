@@ -1,22 +1,30 @@
-"""Every supported model family, looked up by HF architecture. Adding a family: one file here, one line below."""
+"""Every supported model family, found by HF architecture, and the one resolver of family, target and runtime.
+
+A family is one module in this package that defines `FAMILY`; nothing else needs to list it.
+"""
 
 from __future__ import annotations
 
-from converter.errors import ConversionError
-from converter.families import gemma, gemma2, gemma3, llama, mistral, mixtral, qwen2, qwen3, qwen3_moe
-from converter.families.base import DecoderSemantics, Family, LayerGroup, Layout, Param
+import dataclasses
+import importlib
+import pkgutil
 
-FAMILIES: tuple[Family, ...] = (
-    llama.FAMILY,
-    mistral.FAMILY,
-    mixtral.FAMILY,
-    qwen2.FAMILY,
-    qwen3.FAMILY,
-    qwen3_moe.FAMILY,
-    gemma.FAMILY,
-    gemma2.FAMILY,
-    gemma3.FAMILY,
-)
+from converter.errors import ConversionError
+from converter.families.base import Family, LayerGroup, Layout, Param
+from converter.families.runtime import Decoder, MaxTextConfig, Runtime
+from converter.model_config import ModelConfig
+
+
+def _discover() -> tuple[Family, ...]:
+  found = []
+  for module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
+    family = getattr(importlib.import_module(f"{__name__}.{module}"), "FAMILY", None)
+    if isinstance(family, Family):
+      found.append(family)
+  return tuple(found)
+
+
+FAMILIES: tuple[Family, ...] = _discover()
 
 
 def supported_architectures() -> list[str]:
@@ -39,17 +47,40 @@ def family_by_name(name: str) -> Family:
   raise ConversionError(f"unknown family {name!r}; known: {', '.join(f.name for f in FAMILIES)}")
 
 
-def resolve_target(family: Family, config_path: str, target_model: str | None, inferred: str) -> str:
-  """The user's --target_model if this family can produce it, else the one inferred from config.json."""
+@dataclasses.dataclass(frozen=True)
+class ResolvedModel:
+  """A checkpoint's family, the MaxText model it targets, and what that MaxText computes."""
+
+  family: Family
+  config: ModelConfig
+  target: str
+  runtime: Runtime
+
+  def layout(self, target_vocab: int, scan_layers: bool) -> Layout:
+    return self.family.layout(self.config, self.target, target_vocab, scan_layers)
+
+  def warnings(self) -> list[str]:
+    """What the target cannot reproduce; raises ConversionError for what it must refuse."""
+    return list(self.family.check(self.config, self.target))
+
+
+def resolve(config: ModelConfig, *, target_model: str | None = None, family: str | None = None) -> ResolvedModel:
+  """The family (by name, else by architecture), the target (given, else inferred) and its runtime."""
+  fam = family_by_name(family) if family else family_for_architecture(config.architecture, config.path)
+  if config.architecture not in fam.architectures:
+    raise ConversionError(f"{config.path}: architecture {config.architecture!r} is not one family {fam.name} converts"
+                          f" ({', '.join(fam.architectures)})")
   if target_model is None:
-    return inferred
-  if not family.target_prefix(target_model):
+    target = fam.infer_target(config)
+  elif fam.target_prefix(target_model):
+    target = target_model
+  else:
     raise ConversionError(
-        f"--target_model={target_model} is not a MaxText model {family.name} checkpoints ({config_path}) convert to;"
-        f" expected one of: {', '.join(t + '-*' for t in family.targets)}"
+        f"--target_model={target_model} is not a MaxText model {fam.name} checkpoints ({config.path}) convert to;"
+        f" expected one of: {', '.join(t + '-*' for t in fam.targets)}"
     )
-  return target_model
+  return ResolvedModel(fam, config, target, fam.runtime(config, target))
 
 
-__all__ = ["FAMILIES", "DecoderSemantics", "Family", "LayerGroup", "Layout", "Param", "family_by_name", "family_for_architecture",
-           "resolve_target", "supported_architectures"]
+__all__ = ["FAMILIES", "Decoder", "Family", "LayerGroup", "Layout", "MaxTextConfig", "Param", "ResolvedModel",
+           "Runtime", "family_by_name", "family_for_architecture", "resolve", "supported_architectures"]

@@ -5,16 +5,18 @@ kernel, tied embedding table pre-multiplied by sqrt(E) (MaxText divides the tied
 import math
 
 from converter.families import common
-from converter.families.base import DecoderSemantics, Family
+from converter.families.base import Family, Layout, standard_layer_groups
+from converter.families.runtime import Decoder
 from converter.model_config import ModelConfig
 
+DECODER = Decoder(query_scale=1.0, pre_attention_norm="pre_self_attention_norm", pre_mlp_norm="pre_ffw_norm",
+                  layer_norm_epsilon=1e-6, mlp_activation="gelu_tanh")
 
-def semantics(cfg: ModelConfig, target: str) -> DecoderSemantics:
-  return DecoderSemantics(
-      query_scale_in_kernel=True, pre_attention_norm="pre_self_attention_norm", pre_mlp_norm="pre_ffw_norm",
-      norm_scale_offset=1.0, layer_norm_epsilon=1e-6, mlp_activation="gelu_tanh",
-      embedding_scale=math.sqrt(cfg.hidden_size), normalize_embedding_logits=True,
-  )
+
+def _layout(cfg: ModelConfig, target: str, target_vocab: int, scan_layers: bool) -> Layout:
+  rules = common.gemma_rules(cfg, query_scale=1 / math.sqrt(cfg.head_dim))
+  layer = common.sandwich_layer(cfg, rules, DECODER, qk_norm=False)
+  return Layout(common.embeddings(cfg, target_vocab, rules), standard_layer_groups(layer, cfg.num_layers, scan_layers))
 
 
 FAMILY = Family(
@@ -22,8 +24,7 @@ FAMILY = Family(
     architectures=("GemmaForCausalLM",),
     targets=("gemma",),
     infer_target=common.single_target("gemma"),
-    semantics=semantics,
-    layout=common.sandwich_decoder,
+    runtime=lambda cfg, target: common.runtime(cfg, DECODER, normalize_embedding_logits=True),
+    layout=_layout,
     check=lambda cfg, target: common.gemma_checks(cfg, target, "hidden_act") + common.no_rope_scaling(cfg, target),
-    extra_overrides=lambda cfg: {"normalize_embedding_logits": True},
 )

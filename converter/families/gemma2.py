@@ -7,38 +7,36 @@ pre-multiplied by sqrt(E).
 import math
 
 from converter.families import common
-from converter.families.base import DecoderSemantics, Family
+from converter.families.base import Family, Layout, standard_layer_groups
+from converter.families.runtime import Decoder, Runtime
 from converter.model_config import ModelConfig
 
-SUBLAYERS = ("_local", "_global")
+DECODER = Decoder(
+    query_scale=1.0, pre_attention_norm="pre_self_attention_norm", pre_mlp_norm="pre_ffw_norm",
+    post_attention_norm="post_self_attention_norm", post_mlp_norm="post_ffw_norm", layer_norm_epsilon=1e-6,
+    mlp_activation="gelu_tanh", local_layers=(True, False), sublayer_suffixes=("_local", "_global"),
+)
 
 
-def semantics(cfg: ModelConfig, target: str) -> DecoderSemantics:
-  return DecoderSemantics(
-      query_scale_in_kernel=True, pre_attention_norm="pre_self_attention_norm", pre_mlp_norm="pre_ffw_norm",
-      post_attention_norm="post_self_attention_norm", post_mlp_norm="post_ffw_norm", norm_scale_offset=1.0,
-      layer_norm_epsilon=1e-6, mlp_activation="gelu_tanh",
-      query_scale=1.0 / math.sqrt(cfg.get("query_pre_attn_scalar", cfg.head_dim)),
-      attn_logits_soft_cap=cfg.get("attn_logit_softcapping"), sliding_window=cfg.require("sliding_window"),
-      local_layers=(True, False), embedding_scale=math.sqrt(cfg.hidden_size), normalize_embedding_logits=True,
-      final_logits_soft_cap=cfg.get("final_logit_softcapping"), sublayer_suffixes=SUBLAYERS,
-  )
+def _layout(cfg: ModelConfig, target: str, target_vocab: int, scan_layers: bool) -> Layout:
+  rules = common.gemma_rules(cfg, query_scale=1.0 / math.sqrt(cfg.get("query_pre_attn_scalar", cfg.head_dim)))
+  layer = common.sandwich_layer(cfg, rules, DECODER, qk_norm=False)
+  num_layers = common.sublayered_num_layers(cfg, DECODER)
+  return Layout(common.embeddings(cfg, target_vocab, rules), standard_layer_groups(layer, num_layers, scan_layers))
+
+
+def _runtime(cfg: ModelConfig, target: str) -> Runtime:
+  return common.runtime(
+      cfg, DECODER, base_num_decoder_layers=common.sublayered_num_layers(cfg, DECODER),
+      normalize_embedding_logits=True, sliding_window_size=cfg.require("sliding_window"),
+      attn_logits_soft_cap=common.soft_cap(cfg.get("attn_logit_softcapping")),
+      final_logits_soft_cap=common.soft_cap(cfg.get("final_logit_softcapping")))
 
 
 def _check(cfg: ModelConfig, target: str) -> list[str]:
-  common.sublayered_num_layers(cfg, semantics(cfg, target))  # Refuses an odd number of layers.
-  common.layer_pattern(cfg, semantics(cfg, target), hf_pattern=2)
+  common.sublayered_num_layers(cfg, DECODER)  # Refuses an odd number of layers.
+  common.layer_pattern(cfg, DECODER, hf_pattern=2)
   return common.gemma_checks(cfg, target, "hidden_activation") + common.no_rope_scaling(cfg, target)
-
-
-def _overrides(cfg: ModelConfig) -> dict:
-  return {
-      "base_num_decoder_layers": common.sublayered_num_layers(cfg, semantics(cfg, "gemma2")),
-      "normalize_embedding_logits": True,
-      "sliding_window_size": cfg.require("sliding_window"),
-      "attn_logits_soft_cap": common.soft_cap(cfg.get("attn_logit_softcapping")),
-      "final_logits_soft_cap": common.soft_cap(cfg.get("final_logit_softcapping")),
-  }
 
 
 FAMILY = Family(
@@ -46,8 +44,7 @@ FAMILY = Family(
     architectures=("Gemma2ForCausalLM",),
     targets=("gemma2",),
     infer_target=common.single_target("gemma2"),
-    semantics=semantics,
-    layout=common.sandwich_decoder,
+    runtime=_runtime,
+    layout=_layout,
     check=_check,
-    extra_overrides=_overrides,
 )

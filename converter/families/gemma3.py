@@ -9,7 +9,8 @@ import math
 
 from converter.errors import ConversionError
 from converter.families import common
-from converter.families.base import DecoderSemantics, Family
+from converter.families.base import Family, Layout
+from converter.families.runtime import Decoder, Runtime
 from converter.model_config import ModelConfig
 
 PATTERN = (True,) * 5 + (False,)  # MaxText's GEMMA3_ATTENTION_PATTERN: layer_id % 6 == 5 is global.
@@ -29,13 +30,9 @@ def rope(cfg: ModelConfig) -> tuple[float, float, dict, dict]:
   return global_theta, local_theta, cfg.get("rope_scaling") or {}, {}
 
 
-def _rope_kind(scaling: dict) -> str:
-  return scaling.get("rope_type", scaling.get("type", "default"))
-
-
 def linear_factor(cfg: ModelConfig) -> float:
   _, _, full, _ = rope(cfg)
-  return float(full.get("factor", 1.0)) if _rope_kind(full) == "linear" else 1.0
+  return float(full.get("factor", 1.0)) if common.rope_kind(full) == "linear" else 1.0
 
 
 def query_scale(cfg: ModelConfig, target: str) -> float:
@@ -51,17 +48,28 @@ def _infer_target(cfg: ModelConfig) -> str:
   return "gemma3-4b"
 
 
-def semantics(cfg: ModelConfig, target: str) -> DecoderSemantics:
-  global_theta, local_theta, _, _ = rope(cfg)
-  return DecoderSemantics(
-      qk_norm=True, pre_attention_norm="pre_self_attention_norm", pre_mlp_norm="pre_ffw_norm",
-      post_attention_norm="post_self_attention_norm", post_mlp_norm="post_ffw_norm", norm_scale_offset=1.0,
-      layer_norm_epsilon=1e-6, mlp_activation="gelu_tanh", query_scale=query_scale(cfg, target),
-      sliding_window=cfg.require("sliding_window"), local_layers=PATTERN, rope_theta=global_theta,
-      local_rope_theta=local_theta, rope_linear_scaling=linear_factor(cfg), embedding_scale=math.sqrt(cfg.hidden_size),
-      normalize_embedding_logits=True, final_logits_soft_cap=cfg.get("final_logit_softcapping"),
-      layer_groups=common.block_layer_groups(len(PATTERN)),
+def _decoder(cfg: ModelConfig, target: str) -> Decoder:
+  return Decoder(
+      query_scale=query_scale(cfg, target), qk_norm="rms", pre_attention_norm="pre_self_attention_norm",
+      pre_mlp_norm="pre_ffw_norm", post_attention_norm="post_self_attention_norm", post_mlp_norm="post_ffw_norm",
+      layer_norm_epsilon=1e-6, mlp_activation="gelu_tanh", local_layers=PATTERN,
   )
+
+
+def _layout(cfg: ModelConfig, target: str, target_vocab: int, scan_layers: bool) -> Layout:
+  rules = common.gemma_rules(cfg, query_scale=None)
+  layer = common.sandwich_layer(cfg, rules, _decoder(cfg, target), qk_norm=True)
+  return Layout(common.embeddings(cfg, target_vocab, rules),
+                common.block_layer_groups(layer, len(PATTERN), cfg.num_layers, scan_layers))
+
+
+def _runtime(cfg: ModelConfig, target: str) -> Runtime:
+  global_theta, local_theta, _, _ = rope(cfg)
+  return common.runtime(
+      cfg, _decoder(cfg, target), normalize_embedding_logits=True, sliding_window_size=cfg.require("sliding_window"),
+      attn_logits_soft_cap=0.0,  # transformers' Gemma3 never applies attn_logit_softcapping; MaxText would.
+      final_logits_soft_cap=common.soft_cap(cfg.get("final_logit_softcapping")), rope_max_timescale=global_theta,
+      local_rope_max_timescale=local_theta, rope_linear_scaling_factor=linear_factor(cfg))
 
 
 def _check(cfg: ModelConfig, target: str) -> list[str]:
@@ -82,30 +90,17 @@ def _check(cfg: ModelConfig, target: str) -> list[str]:
         f" {per_head}**-0.5);"
         + (f" target {fitting} instead" if fitting else " no MaxText gemma3 model name reproduces this checkpoint")
     )
-  common.layer_pattern(cfg, semantics(cfg, target), hf_pattern=int(cfg.get("sliding_window_pattern") or 6))
+  common.layer_pattern(cfg, _decoder(cfg, target), hf_pattern=int(cfg.get("sliding_window_pattern") or 6))
   warnings = common.gemma_checks(cfg, target, "hidden_activation")
   if cfg.get("attn_logit_softcapping"):
     warnings.append(f"{cfg.path}: attn_logit_softcapping={cfg.get('attn_logit_softcapping')} is ignored by"
                     " transformers' Gemma3 attention; the MaxText overrides turn it off (attn_logits_soft_cap=0) to"
                     " match")
   _, _, full, local = rope(cfg)
-  if _rope_kind(full) not in ("default", "linear") or _rope_kind(local) != "default":
+  if common.rope_kind(full) not in ("default", "linear") or common.rope_kind(local) != "default":
     warnings.append(f"{cfg.path}: rope scaling global {full}, local {local}; MaxText's gemma3 applies only linear"
                     " scaling, to global layers")
   return warnings
-
-
-def _overrides(cfg: ModelConfig) -> dict:
-  global_theta, local_theta, _, _ = rope(cfg)
-  return {
-      "normalize_embedding_logits": True,
-      "sliding_window_size": cfg.require("sliding_window"),
-      "attn_logits_soft_cap": 0.0,  # transformers' Gemma3 never applies attn_logit_softcapping; MaxText would.
-      "final_logits_soft_cap": common.soft_cap(cfg.get("final_logit_softcapping")),
-      "rope_max_timescale": global_theta,
-      "local_rope_max_timescale": local_theta,
-      "rope_linear_scaling_factor": linear_factor(cfg),
-  }
 
 
 FAMILY = Family(
@@ -113,8 +108,7 @@ FAMILY = Family(
     architectures=("Gemma3ForCausalLM",),
     targets=("gemma3",),
     infer_target=_infer_target,
-    semantics=semantics,
-    layout=common.sandwich_decoder,
+    runtime=_runtime,
+    layout=_layout,
     check=_check,
-    extra_overrides=_overrides,
 )

@@ -1,22 +1,28 @@
 """Mixtral: Mistral attention (query scale baked in), experts under `MoeBlock_0`, HF names w1/w3/w2."""
 
+import math
+
 from converter.families import common
-from converter.families.base import DecoderSemantics, Family, Layout
+from converter.families.base import Family, Layout, standard_layer_groups
+from converter.families.runtime import Decoder, Runtime
 from converter.model_config import ModelConfig
 
 
-def _layout(cfg: ModelConfig, semantics: DecoderSemantics, target_vocab: int) -> Layout:
+def _layout(cfg: ModelConfig, target: str, target_vocab: int, scan_layers: bool) -> Layout:
   moe = common.moe_mlp(
       cfg, prefix="MoeBlock_0", router="block_sparse_moe.gate", experts="block_sparse_moe.experts", gate="w1",
       up="w3", down="w2", num_experts=int(cfg.require("num_local_experts")), expert_dim=cfg.intermediate_size,
   )
-  return Layout(common.embeddings(cfg, target_vocab), common.layer_norms(cfg) + common.attention(cfg, semantics) + moe,
-                cfg.num_layers)
+  rules = common.WeightRules(query_scale=1 / math.sqrt(cfg.head_dim))
+  layer = common.layer_norms(cfg) + common.attention(cfg, rules) + moe
+  return Layout(common.embeddings(cfg, target_vocab), standard_layer_groups(layer, cfg.num_layers, scan_layers))
 
 
-def _overrides(cfg: ModelConfig) -> dict:
-  return {"num_experts": cfg.require("num_local_experts"), "num_experts_per_tok": cfg.require("num_experts_per_tok"),
-          "base_moe_mlp_dim": cfg.intermediate_size}
+def _runtime(cfg: ModelConfig, target: str) -> Runtime:
+  return common.runtime(
+      cfg, Decoder(query_scale=1.0, routing="softmax", moe_block="MoeBlock_0"),
+      num_experts=cfg.require("num_local_experts"), num_experts_per_tok=cfg.require("num_experts_per_tok"),
+      base_moe_mlp_dim=cfg.intermediate_size)
 
 
 FAMILY = Family(
@@ -24,8 +30,7 @@ FAMILY = Family(
     architectures=("MixtralForCausalLM",),
     targets=("mixtral",),
     infer_target=common.single_target("mixtral"),
-    semantics=lambda cfg, target: DecoderSemantics(query_scale_in_kernel=True, moe=True, moe_block="MoeBlock_0"),
+    runtime=_runtime,
     layout=_layout,
     check=common.no_sliding_window,
-    extra_overrides=_overrides,
 )

@@ -2,7 +2,8 @@
 
 from converter.errors import ConversionError
 from converter.families import common
-from converter.families.base import DecoderSemantics, Family, Layout
+from converter.families.base import Family, Layout, standard_layer_groups
+from converter.families.runtime import Decoder, Runtime
 from converter.model_config import ModelConfig
 
 
@@ -14,7 +15,7 @@ def num_experts(cfg: ModelConfig) -> int:
   return int(value)
 
 
-def _layout(cfg: ModelConfig, semantics: DecoderSemantics, target_vocab: int) -> Layout:
+def _layout(cfg: ModelConfig, target: str, target_vocab: int, scan_layers: bool) -> Layout:
   if cfg.get("mlp_only_layers") or cfg.get("decoder_sparse_step", 1) != 1:
     raise ConversionError(
         f"{cfg.path}: dense layers among MoE layers (mlp_only_layers={cfg.get('mlp_only_layers')},"
@@ -24,21 +25,15 @@ def _layout(cfg: ModelConfig, semantics: DecoderSemantics, target_vocab: int) ->
       cfg, prefix="moe_block", router="mlp.gate", experts="mlp.experts", gate="gate_proj", up="up_proj",
       down="down_proj", num_experts=num_experts(cfg), expert_dim=cfg.require("moe_intermediate_size"),
   )
-  return Layout(common.embeddings(cfg, target_vocab), common.layer_norms(cfg) + common.attention(cfg, semantics) + moe,
-                cfg.num_layers)
+  layer = common.layer_norms(cfg) + common.attention(cfg, common.WeightRules(), qk_norm=True) + moe
+  return Layout(common.embeddings(cfg, target_vocab), standard_layer_groups(layer, cfg.num_layers, scan_layers))
 
 
-def _check(cfg: ModelConfig, target: str) -> list[str]:
-  warnings = common.no_sliding_window(cfg, target)
-  if not cfg.get("norm_topk_prob", False):
-    warnings.append(f"{cfg.path}: norm_topk_prob is false, but MaxText always renormalises the top-k router"
-                    " weights: logits will differ from HF")
-  return warnings
-
-
-def _overrides(cfg: ModelConfig) -> dict:
-  return {"num_experts": num_experts(cfg), "num_experts_per_tok": cfg.require("num_experts_per_tok"),
-          "base_moe_mlp_dim": cfg.require("moe_intermediate_size"), "norm_topk_prob": bool(cfg.get("norm_topk_prob"))}
+def _runtime(cfg: ModelConfig, target: str) -> Runtime:
+  return common.runtime(
+      cfg, Decoder(qk_norm="rms", routing="softmax", moe_block="moe_block"), num_experts=num_experts(cfg),
+      num_experts_per_tok=cfg.require("num_experts_per_tok"), base_moe_mlp_dim=cfg.require("moe_intermediate_size"),
+      norm_topk_prob=bool(cfg.get("norm_topk_prob")))
 
 
 FAMILY = Family(
@@ -46,8 +41,7 @@ FAMILY = Family(
     architectures=("Qwen3MoeForCausalLM",),
     targets=("qwen3",),
     infer_target=common.single_target("qwen3"),
-    semantics=lambda cfg, target: DecoderSemantics(qk_norm=True, moe=True),
+    runtime=_runtime,
     layout=_layout,
-    check=_check,
-    extra_overrides=_overrides,
+    check=lambda cfg, target: common.no_sliding_window(cfg, target) + common.norm_topk_prob_ignored(cfg, target),
 )

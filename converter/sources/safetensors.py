@@ -1,9 +1,12 @@
-"""Reads HuggingFace safetensors checkpoints through memory maps, one open map per shard file.
+"""The plain source: HuggingFace safetensors files read through memory maps, one open map per shard file.
 
 The header is parsed here rather than by the `safetensors` package so that every tensor's dtype, shape and byte
 range can be checked against the file before anything is read (a truncated download or a corrupt header is
 reported with the file name, not as a crash halfway through an hour-long conversion), and so that reads are
 plain memory-mapped slices with no global lock and no bfloat16 round trip through float32.
+
+Every stored tensor is a `SourceTensor` of its own dtype; the quantized sources (fp8.py, mxfp4.py) are built on
+top of these records.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import ml_dtypes
 import numpy as np
 
 from converter.errors import ConversionError
+from converter.sources.base import Region, as_slices, region_bounds, region_shape, squeeze_ints
 
 SAFETENSORS_DTYPES: Mapping[str, np.dtype] = {
     "F64": np.dtype(np.float64),
@@ -28,6 +32,7 @@ SAFETENSORS_DTYPES: Mapping[str, np.dtype] = {
     "BF16": np.dtype(ml_dtypes.bfloat16),
     "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
     "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
+    "F8_E8M0": np.dtype(ml_dtypes.float8_e8m0fnu),  # Power-of-two block scales ("ue8m0").
     "I64": np.dtype(np.int64),
     "I32": np.dtype(np.int32),
     "I16": np.dtype(np.int16),
@@ -41,7 +46,7 @@ _MAX_HEADER_BYTES = 100 * 1024 * 1024
 
 @dataclasses.dataclass(frozen=True)
 class TensorInfo:
-  """Where one tensor's bytes are: enough to read it without consulting the header again."""
+  """One stored tensor: where its bytes are, enough to read it without consulting the header again."""
 
   name: str
   path: str
@@ -57,6 +62,59 @@ class TensorInfo:
   @property
   def nbytes(self) -> int:
     return self.end - self.begin
+
+  @property
+  def format(self) -> str:
+    return self.dtype_code
+
+  @property
+  def files(self) -> tuple[str, ...]:
+    return (self.path,)
+
+  @property
+  def stored_names(self) -> tuple[str, ...]:
+    return (self.name,)
+
+  def read(self, dtype: np.dtype | None = None, region: Region = ()) -> np.ndarray:
+    """A private copy of `region` (leading-axis ints and slices), cast to `dtype` (no float32 round trip when the
+    dtypes already match).
+
+    The pages read are dropped from this process right after the copy: they are file-backed and would otherwise
+    count towards its resident memory until the whole checkpoint had been read.
+    """
+    try:
+      mapped = _file_map(self.path)
+    except (OSError, ValueError) as e:
+      raise ConversionError(f"{self.path}: cannot map file to read tensor {self.name!r}: {e}") from e
+    try:
+      slices = as_slices(self.shape, region)
+    except ValueError as e:
+      raise ConversionError(f"{self.path}: tensor {self.name!r} {self.shape}: {e}") from e
+    raw = np.frombuffer(mapped, dtype=np.uint8, count=self.nbytes, offset=self.begin)
+    view = raw.view(self.dtype).reshape(self.shape)[slices]
+    copy = np.array(view, dtype=dtype if dtype is not None else self.dtype, order="C", copy=True)
+    del raw, view
+    first, last = self._byte_span(region)
+    if last > first:
+      start = first - first % _PAGE
+      try:
+        mapped.madvise(mmap.MADV_DONTNEED, start, last - start)
+      except (OSError, ValueError, AttributeError):
+        pass  # Only a memory hint; reading stays correct without it.
+    return squeeze_ints(copy, region)
+
+  def _byte_span(self, region: Region) -> tuple[int, int]:
+    """Absolute offsets of the first and one past the last byte `region` touches."""
+    if not self.shape:
+      return self.begin, self.end
+    if 0 in region_shape(self.shape, region) or 0 in self.shape:
+      return self.begin, self.begin
+    bounds = region_bounds(self.shape, region)
+    first = [start for start, _ in bounds] + [0] * (len(self.shape) - len(bounds))
+    last = [stop - 1 for _, stop in bounds] + [d - 1 for d in self.shape[len(bounds):]]
+    itemsize = self.dtype.itemsize
+    flat = lambda index: int(np.ravel_multi_index(index, self.shape)) * itemsize
+    return self.begin + flat(first), self.begin + flat(last) + itemsize
 
 
 def read_header(path: str) -> dict[str, TensorInfo]:
@@ -125,39 +183,11 @@ def _file_map(path: str) -> mmap.mmap:
   return mapped
 
 
-def read_tensor(info: TensorInfo, dtype: np.dtype | None = None, rows: tuple[int, int] | None = None) -> np.ndarray:
-  """A private copy of the tensor (or of its rows `rows[0]:rows[1]`), cast to `dtype` (no float32 round trip
-  when the dtypes already match).
-
-  The pages read are dropped from this process right after the copy: they are file-backed and would
-  otherwise count towards its resident memory until the whole checkpoint had been read.
-  """
-  try:
-    mapped = _file_map(info.path)
-  except (OSError, ValueError) as e:
-    raise ConversionError(f"{info.path}: cannot map file to read tensor {info.name!r}: {e}") from e
-  shape, begin, end = info.shape, info.begin, info.end
-  if rows is not None:
-    row_bytes = info.nbytes // max(1, info.shape[0])
-    shape = (rows[1] - rows[0],) + info.shape[1:]
-    begin, end = info.begin + rows[0] * row_bytes, info.begin + rows[1] * row_bytes
-  raw = np.frombuffer(mapped, dtype=np.uint8, count=end - begin, offset=begin)
-  view = raw.view(info.dtype).reshape(shape)
-  copy = view.astype(dtype if dtype is not None else info.dtype, copy=True)
-  del raw, view
-  start = begin - begin % _PAGE
-  try:
-    mapped.madvise(mmap.MADV_DONTNEED, start, end - start)
-  except (OSError, ValueError, AttributeError):
-    pass  # Only a memory hint; reading stays correct without it.
-  return copy
-
-
 @dataclasses.dataclass(frozen=True)
-class SafetensorsCheckpoint:
-  """Every tensor of a checkpoint directory (single file or sharded index), by name."""
+class SafetensorsSource:
+  """Every stored tensor of a checkpoint directory (single file or sharded index), by name, as stored."""
 
-  directory: str
+  location: str
   tensors: Mapping[str, TensorInfo]
 
   @property
@@ -182,7 +212,7 @@ def _index_shards(directory: str, index_path: str) -> tuple[list[str], dict[str,
   return shards, weight_map
 
 
-def open_checkpoint(directory: str) -> SafetensorsCheckpoint:
+def open_safetensors(directory: str) -> SafetensorsSource:
   """Opens `model.safetensors` or the shards of `model.safetensors.index.json` in `directory`."""
   index_path = os.path.join(directory, "model.safetensors.index.json")
   single_path = os.path.join(directory, "model.safetensors")
@@ -204,4 +234,4 @@ def open_checkpoint(directory: str) -> SafetensorsCheckpoint:
         f"{directory}: no model.safetensors or model.safetensors.index.json (only safetensors checkpoints are"
         " supported)"
     )
-  return SafetensorsCheckpoint(directory, tensors)
+  return SafetensorsSource(directory, tensors)

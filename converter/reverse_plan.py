@@ -1,0 +1,306 @@
+"""MaxText -> HF planning: which slice of which stored leaf becomes (part of) which HF tensor, checked up front.
+
+Derived from the same family descriptions as the forward direction, with no second table: every `Param` of the
+family's layout names its MaxText leaf, its HF tensor and the ops between them, and `ops.inverse_ops` undoes
+those ops. The layout's layer groups say which leaf holds which layer; layer stacking (at the param's scan axis)
+and expert stacking (axis 0) are undone by indexing. Params that split one fused HF tensor (gate/up) are joined
+back into it, and a tensor holding every expert is written expert by expert.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+import numpy as np
+
+from converter import families
+from converter.errors import ConversionError
+from converter.families import Family, LayerGroup, Param
+from converter.model_config import ModelConfig, parse_model_config
+from converter.ops import Op, SplitLast, inverse_ops, is_exact, output_shape
+from converter.safetensors_output import TensorSpec
+from converter.sources import SAFETENSORS_DTYPES
+
+if TYPE_CHECKING:  # Imported where used: planning needs only the reader's metadata.
+  from converter.checkpoint_reader import CheckpointReader, StoredArray
+
+Shape = tuple[int, ...]
+PARAMS = ("params", "params")  # Where a TrainState-shaped tree keeps the model parameters.
+_SAFETENSORS_CODES = {dtype: code for code, dtype in SAFETENSORS_DTYPES.items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class HfPart:
+  """`ops` applied to `leaf[index]`, written where `split` took it from in the HF tensor (None: all of it)."""
+
+  leaf: tuple[str, ...]  # Tree keys of the stored array.
+  index: tuple[Any, ...]  # ints (layer, expert) and full slices.
+  ops: tuple[Op, ...]
+  split: SplitLast | None
+
+
+@dataclasses.dataclass(frozen=True)
+class HfTensor:
+  """One HF tensor, made of `pieces`: one per index of its first axis when `in_pieces` (a tensor holding every
+  expert), else a single piece; each piece is one or more parts (the halves of a fused projection)."""
+
+  name: str
+  shape: Shape
+  dtype: np.dtype
+  pieces: tuple[tuple[HfPart, ...], ...]
+  in_pieces: bool
+  exact: bool  # Whether the ops undo the forward ops bit for bit.
+
+  @property
+  def spec(self) -> TensorSpec:
+    return TensorSpec(self.name, self.shape, self.dtype)
+
+  @property
+  def nbytes(self) -> int:
+    return self.spec.nbytes
+
+  @property
+  def piece_shape(self) -> Shape:
+    return self.shape[1:] if self.in_pieces else self.shape
+
+  @property
+  def leaves(self) -> tuple[tuple[str, ...], ...]:
+    return tuple(dict.fromkeys(part.leaf for piece in self.pieces for part in piece))
+
+
+@dataclasses.dataclass(frozen=True)
+class ReversePlan:
+  items_path: str
+  family: Family
+  config: ModelConfig
+  hf_config: dict[str, Any]
+  target_model: str
+  scan_layers: bool
+  dtype: np.dtype
+  tensors: tuple[HfTensor, ...]
+  warnings: tuple[str, ...]
+
+  @property
+  def total_bytes(self) -> int:
+    return sum(t.nbytes for t in self.tensors)
+
+  @property
+  def inexact_tensors(self) -> tuple[str, ...]:
+    return tuple(t.name for t in self.tensors if not t.exact)
+
+
+def items_path_of(checkpoint_path: str) -> str:
+  """OUT/0/items as given, or found below OUT/0 (a step directory)."""
+  path = os.path.abspath(checkpoint_path.rstrip("/"))
+  if not os.path.isfile(os.path.join(path, "_METADATA")) and os.path.isfile(os.path.join(path, "items", "_METADATA")):
+    return os.path.join(path, "items")
+  if not os.path.isdir(path):
+    raise ConversionError(f"{path}: no such checkpoint directory (expected OUTPUT_DIR/0/items)")
+  return path
+
+
+def checkpoint_custom_metadata(items_path: str) -> dict[str, Any]:
+  """custom_metadata of the step's _CHECKPOINT_METADATA ({} when the file or the entry is absent)."""
+  path = os.path.join(os.path.dirname(items_path), "_CHECKPOINT_METADATA")
+  try:
+    with open(path) as f:
+      metadata = json.load(f)
+  except FileNotFoundError:
+    return {}
+  except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise ConversionError(f"{path}: unreadable checkpoint metadata ({type(e).__name__}: {e})") from e
+  return (metadata.get("custom_metadata") or {}) if isinstance(metadata, dict) else {}
+
+
+def _hf_config(items_path: str, info: Mapping[str, Any], hf_config_path: str | None) -> tuple[dict[str, Any], str]:
+  """The original config.json dict and where it came from."""
+  if hf_config_path:
+    path = hf_config_path
+    if os.path.isdir(path):
+      path = os.path.join(path, "config.json")
+    try:
+      with open(path) as f:
+        config = json.load(f)
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+      raise ConversionError(f"{path}: cannot read the HF config ({type(e).__name__}: {e})") from e
+    source = path
+  elif isinstance(info.get("hf_config"), dict):
+    config = info["hf_config"]
+    source = f"{os.path.dirname(items_path)}/_CHECKPOINT_METADATA (custom_metadata.hf2maxtext.hf_config)"
+  else:
+    raise ConversionError(
+        f"{os.path.dirname(items_path)}/_CHECKPOINT_METADATA records no hf2maxtext.hf_config (a checkpoint written"
+        " by MaxText, or by an older converter): pass --hf_config_path=<the original model's config.json>"
+    )
+  if not isinstance(config, dict):
+    raise ConversionError(f"{source}: the HF config is not a JSON object")
+  return dict(config), source
+
+
+def _leaf_index(param: Param, expert: int | None, position: int | None) -> tuple[Any, ...]:
+  """Index of one HF tensor's slice in the leaf: the expert on axis 0, the layer (stacked groups) at scan_axis."""
+  index: list[Any] = [expert] if expert is not None else []
+  if position is not None:
+    index += [slice(None)] * (param.scan_axis - len(index))
+    index.insert(param.scan_axis, position)
+  return tuple(index)
+
+
+def _leaf_shape(per_tensor: Shape, param: Param, stacked_layers: int | None) -> Shape:
+  """The leaf holding `param`: experts first, then (stacked groups) the layers at the param's scan axis."""
+  shape = ((param.experts,) if param.experts else ()) + tuple(per_tensor)
+  if stacked_layers is not None:
+    shape = shape[:param.scan_axis] + (stacked_layers,) + shape[param.scan_axis:]
+  return shape
+
+
+def _show(keys: Sequence[str]) -> str:
+  return "/".join(keys)
+
+
+class _Builder:
+  """Collects HF tensors part by part, in storage order, and checks that fused tensors are complete."""
+
+  def __init__(self):
+    self.entries: dict[str, dict[str, Any]] = {}
+
+  def add(self, name: str, param: Param, piece: int, part: HfPart, dtype: np.dtype) -> None:
+    entry = self.entries.setdefault(name, {"shape": tuple(param.hf_shape), "dtype": dtype, "pieces": {},
+                                           "in_pieces": param.experts_in_tensor, "exact": True})
+    entry["pieces"].setdefault(piece, []).append(part)
+    entry["exact"] &= is_exact(param.ops)
+
+  def tensors(self, family: str) -> list[HfTensor]:
+    result = []
+    for name, entry in self.entries.items():
+      pieces = tuple(tuple(entry["pieces"][k]) for k in sorted(entry["pieces"]))
+      for parts in pieces:
+        splits = [p.split for p in parts]
+        if (len(parts) > 1 or splits[0] is not None) and (
+            None in splits or sorted(s.index for s in splits) != list(range(splits[0].parts))):
+          raise ConversionError(f"{family}: the layout maps several leaves to HF tensor {name!r} without splitting it"
+                                " into complementary parts")
+      result.append(HfTensor(name, entry["shape"], entry["dtype"], pieces, entry["in_pieces"], entry["exact"]))
+    return result
+
+
+def plan_to_huggingface(
+    checkpoint_path: str,
+    *,
+    family: str | None = None,
+    hf_config_path: str | None = None,
+    target_model: str | None = None,
+    reader: CheckpointReader | None = None,
+) -> ReversePlan:
+  """Everything checkable without reading weights: family, config, every leaf present with the right shape."""
+  items_path = items_path_of(checkpoint_path)
+  custom = checkpoint_custom_metadata(items_path)
+  info = custom.get("hf2maxtext") or {}
+  hf_config, source = _hf_config(items_path, info, hf_config_path)
+  config = parse_model_config(hf_config, source)
+  warnings: list[str] = []
+  if family and info.get("family") and info["family"] != family:
+    warnings.append(f"--family={family} overrides the checkpoint's recorded family {info['family']!r}")
+  model = families.resolve(config, family=family or info.get("family"),
+                           target_model=target_model or info.get("target_model"))
+  fam, target = model.family, model.target
+
+  if reader is None:
+    from converter.checkpoint_reader import CheckpointReader  # pylint: disable=g-import-not-at-top
+
+    reader = CheckpointReader(items_path)
+  params = {k[len(PARAMS):]: a for k, a in reader.arrays.items() if k[: len(PARAMS)] == PARAMS}
+  if not params:
+    raise ConversionError(f"{items_path}: no arrays under params/params (not a MaxText TrainState checkpoint)")
+  decoder = {k[1] for k in params if k[0] == "decoder" and len(k) > 1}
+  if "scan_layers" in custom:
+    scan_layers = bool(custom["scan_layers"])
+  else:
+    scan_layers = "layers" in decoder
+    warnings.append(f"no scan_layers in the checkpoint metadata; {'scanned' if scan_layers else 'unscanned'}"
+                    " layers found in the tree")
+  embedding = params.get(("token_embedder", "embedding"))
+  if embedding is None:
+    raise ConversionError(f"{items_path}: leaf params/params/token_embedder/embedding is missing")
+  target_vocab = embedding.shape[0]
+  if target_vocab < config.vocab_size:
+    raise ConversionError(
+        f"{items_path}: token_embedder/embedding has {target_vocab} rows, fewer than {source}'s vocab_size"
+        f" {config.vocab_size}"
+    )
+  layout = model.layout(target_vocab, scan_layers)
+  used: set[tuple[str, ...]] = set()
+  builder = _Builder()
+  scanned = "scanned" if scan_layers else "unscanned"
+
+  def leaf(keys: tuple[str, ...], expected: Shape) -> StoredArray:
+    array = params.get(keys)
+    if array is None:
+      raise ConversionError(
+          f"{items_path}: leaf params/params/{_show(keys)} is missing; {fam.name} ({target}, {scanned}) with"
+          f" {source} needs it"
+      )
+    if array.shape != expected:
+      raise ConversionError(
+          f"{items_path}: leaf params/params/{_show(keys)} has shape {array.shape}, but {source} implies"
+          f" {expected} ({scanned})"
+      )
+    if array.dtype not in _SAFETENSORS_CODES or array.dtype.kind not in "fV":
+      raise ConversionError(f"{items_path}: leaf params/params/{_show(keys)} has dtype {array.dtype}, not a float")
+    used.add(keys)
+    return array
+
+  def add(param: Param, keys: tuple[str, ...], group: LayerGroup | None) -> None:
+    try:
+      per_tensor = output_shape(param.ops, param.part_shape)
+      ops = inverse_ops(param.ops, param.part_shape)
+    except ValueError as e:
+      raise ConversionError(f"{source}: {param.hf}: {e}") from e
+    split = param.ops[0] if param.ops and isinstance(param.ops[0], SplitLast) else None
+    stacked = len(group.layers) if group is not None and group.stacked else None
+    array = leaf(keys, _leaf_shape(per_tensor, param, stacked))
+    if group is None:
+      if param.experts:
+        raise ConversionError(f"{fam.name}: top-level parameter {param.maxtext} with experts is not supported")
+      builder.add(param.hf, param, 0, HfPart(PARAMS + keys, (), ops, split), array.dtype)
+      return
+    # Experts outermost, layers next: consecutive reads stay inside the same chunks.
+    for expert in range(param.experts) if param.experts else [None]:
+      for position, layer in enumerate(group.layers):
+        index = _leaf_index(param, expert, position if group.stacked else None)
+        hf_layer = param.hf_layer(layer)
+        name = param.hf.format(layer=hf_layer, expert=expert)
+        piece = expert if param.experts_in_tensor else 0
+        builder.add(name, param, piece, HfPart(PARAMS + keys, index, ops, split), array.dtype)
+
+  for param in layout.top:
+    add(param, tuple(param.maxtext.split("/")), None)
+  for group in layout.groups:
+    for param in group.params:
+      add(param, tuple(group.path) + tuple(param.maxtext.split("/")), group)
+
+  tensors = builder.tensors(fam.name)
+  unused = sorted(_show(k) for k in params if k not in used)
+  if unused:
+    shown = ", ".join(unused[:5]) + (" ..." if len(unused) > 5 else "")
+    raise ConversionError(
+        f"{items_path}: {len(unused)} leaf/leaves under params/params that {fam.name} ({target}, {scanned}) with"
+        f" {source} does not use: {shown}"
+    )
+  dtypes = sorted({t.dtype for t in tensors}, key=lambda d: d.itemsize)
+  if len(dtypes) > 1:
+    warnings.append(f"leaves have mixed dtypes ({', '.join(d.name for d in dtypes)}); each tensor keeps its own")
+  if target_vocab > config.vocab_size:
+    warnings.append(f"vocabulary padded to {target_vocab} in MaxText: rows {config.vocab_size}.. are dropped")
+  inexact = sum(not t.exact for t in tensors)
+  if inexact:
+    warnings.append(f"{inexact} tensor(s) were transformed in float arithmetic (query scale, norm offset): undone"
+                    " to within one unit in the last place, not bit for bit")
+  if info.get("quant_method"):
+    warnings.append(f"the original checkpoint was {info['quant_method']}-quantized; its weights come back"
+                    f" dequantized ({dtypes[-1].name}) and config.json without quantization_config")
+  return ReversePlan(items_path, fam, config, hf_config, target, scan_layers, dtypes[-1], tuple(tensors),
+                     tuple(warnings))
