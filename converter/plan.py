@@ -328,9 +328,18 @@ def build_plan(
     loader, shape, names = _param_loader(sources, param, None, dtype)
     leaves.append(Leaf(tuple(param.maxtext.split("/")), shape, dtype, tuple(names), loader))
   leaves.extend(_layer_leaves(sources, layout, dtype))
-  ignored = [re.compile(p) for p in model.family.ignored_tensors(config)]
-  skipped = sorted(n for n in source.tensors if n not in sources.used and any(p.match(n) for p in ignored))
-  unused = sorted(n for n in source.tensors if n not in sources.used and n not in skipped)
+  ignored = {re.compile(pattern): reason for pattern, reason in model.family.ignored_tensors(config).items()}
+  skipped: dict[str, list[str]] = {}
+  for name in sorted(n for n in source.tensors if n not in sources.used):
+    reason = next((r for p, r in ignored.items() if p.match(name)), None)
+    if reason is not None:
+      skipped.setdefault(reason, []).append(name)
+  for reason, names in skipped.items():
+    if reason:
+      warnings.append(f"skipped {len(names)} tensor(s) ({', '.join(names[:2])}{' ...' if len(names) > 2 else ''}):"
+                      f" {reason}")
+  skipped_names = {n for names in skipped.values() for n in names}
+  unused = sorted(n for n in source.tensors if n not in sources.used and n not in skipped_names)
   if unused:
     warnings.append(f"{len(unused)} unused tensor(s): {', '.join(unused[:5])}{' ...' if len(unused) > 5 else ''}")
   if unused and not allow_unused_tensors:

@@ -1,153 +1,172 @@
 """Random tiny HF models for tests and validation, built with transformers (test-only: imports torch).
 
-Every parameter is drawn at random, norm scales included: transformers initialises norms to 1 (or 0 for
-Gemma's `1 + w`), which would let a converter that drops or misplaces a norm pass every logits check.
+Every parameter is drawn at random, norm scales, biases, attention sinks and DeepSeek's routing bias included:
+transformers initialises norms to 1 (or 0 for Gemma's `1 + w`) and biases to 0, which would let a converter that
+drops or misplaces one pass every logits check.
+
+Each row also says what converting it must give (family, inferred target) and the MaxText 0.2.5 model it runs
+as in the interop check: adding a family is its file in converter/families/ plus one row here.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any
 
 
 @dataclasses.dataclass(frozen=True)
 class TinyModelSpec:
+  """A random tiny model, and what converting it must give: the family and inferred target recorded, and the
+  MaxText 0.2.5 model config the interop check runs it as ("" for none)."""
+
   config_class: str  # A transformers config class name.
   model_class: str
   config: dict[str, Any]
+  family: str
+  target: str
+  maxtext_model: str = ""
 
 
-def _qwen3() -> TinyModelSpec:
-  return TinyModelSpec(
-      "Qwen3Config",
-      "Qwen3ForCausalLM",
-      dict(hidden_size=256, num_hidden_layers=8, vocab_size=512, num_attention_heads=4, num_key_value_heads=2,
-           head_dim=96, intermediate_size=512, rope_theta=1e6, max_position_embeddings=512, rms_norm_eps=1e-6,
-           tie_word_embeddings=False),
-  )
-
-
-# Shared shape of the tiny models: head_dim differs from hidden / heads, queries are grouped 3:1.
+# Shared shape of the tiny models: head_dim differs from hidden / heads, queries are grouped 3:1, odd vocab.
 _DENSE = dict(hidden_size=192, num_hidden_layers=4, vocab_size=509, num_attention_heads=6, num_key_value_heads=2,
               head_dim=40, intermediate_size=320, max_position_embeddings=512, rms_norm_eps=1e-5,
               tie_word_embeddings=False)
 _LLAMA31_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                     "original_max_position_embeddings": 8192, "rope_theta": 500000.0}
-
-
-def _llama2() -> TinyModelSpec:
-  return TinyModelSpec("LlamaConfig", "LlamaForCausalLM", dict(_DENSE, rope_theta=10000.0))
-
-
-def _llama3() -> TinyModelSpec:
-  return TinyModelSpec("LlamaConfig", "LlamaForCausalLM", dict(_DENSE, rope_theta=500000.0))
-
-
-def _llama31() -> TinyModelSpec:
-  return TinyModelSpec("LlamaConfig", "LlamaForCausalLM",
-                       dict(_DENSE, rope_parameters=_LLAMA31_SCALING, max_position_embeddings=131072))
-
-
-def _llama32_tied() -> TinyModelSpec:
-  return TinyModelSpec("LlamaConfig", "LlamaForCausalLM",
-                       dict(_DENSE, rope_parameters=_LLAMA31_SCALING, max_position_embeddings=131072,
-                            tie_word_embeddings=True))
-
-
-def _mistral() -> TinyModelSpec:
-  return TinyModelSpec("MistralConfig", "MistralForCausalLM", dict(_DENSE, rope_theta=1e6, sliding_window=None))
-
-
-def _qwen2() -> TinyModelSpec:
-  return TinyModelSpec("Qwen2Config", "Qwen2ForCausalLM", dict(_DENSE, rope_theta=1e6))
-
-
-def _qwen3_moe() -> TinyModelSpec:
-  return TinyModelSpec(
-      "Qwen3MoeConfig", "Qwen3MoeForCausalLM",
-      dict(_DENSE, rope_theta=1e6, num_experts=6, num_experts_per_tok=2, moe_intermediate_size=96,
-           norm_topk_prob=True),
-  )
-
-
-def _qwen3_30b_a3b_tiny() -> TinyModelSpec:
-  """Qwen3-30B-A3B's structure at reduced size: 48 -> 4 layers, 128 -> 8 experts (top 8 -> top 2), hidden 2048 ->
-  128, 32 -> 8 query and 4 -> 2 KV heads of head_dim 128 -> 32 (so H*D = 2 * hidden, as in the original),
-  moe_intermediate 768 -> 48, vocab 151936 -> 512; norm_topk_prob true, every layer sparse, untied."""
-  return TinyModelSpec(
-      "Qwen3MoeConfig", "Qwen3MoeForCausalLM",
-      dict(hidden_size=128, num_hidden_layers=4, vocab_size=512, num_attention_heads=8, num_key_value_heads=2,
-           head_dim=32, intermediate_size=384, moe_intermediate_size=48, num_experts=8, num_experts_per_tok=2,
-           norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], rope_theta=1e6,
-           max_position_embeddings=512, rms_norm_eps=1e-6, tie_word_embeddings=False),
-  )
-
-
-def _mixtral() -> TinyModelSpec:
-  return TinyModelSpec(
-      "MixtralConfig", "MixtralForCausalLM",
-      dict(_DENSE, rope_theta=1e6, num_local_experts=4, num_experts_per_tok=2, intermediate_size=96),
-  )
-
-
 # Gemma: tied embeddings, E=256 (sqrt(E)=16 exact), head_dim 48 != hidden/heads 64, rms_norm_eps 1e-6 (MaxText's
 # gemma layer norms fix it); sliding window 8 < the 32-token test sequences; soft caps small enough to bend.
 _GEMMA = dict(hidden_size=256, vocab_size=509, num_attention_heads=4, num_key_value_heads=2, head_dim=48,
               intermediate_size=320, max_position_embeddings=512, rms_norm_eps=1e-6, tie_word_embeddings=True)
+# DeepSeek: 1 dense + 2 MoE layers, low-rank queries, yarn factor 40 (as V3), 8 experts in 4 routing groups.
+_DEEPSEEK = dict(hidden_size=192, num_hidden_layers=3, vocab_size=509, num_attention_heads=6, num_key_value_heads=6,
+                 q_lora_rank=64, kv_lora_rank=32, qk_nope_head_dim=24, qk_rope_head_dim=16, v_head_dim=40,
+                 intermediate_size=256, moe_intermediate_size=48, n_routed_experts=8, num_experts_per_tok=3,
+                 n_shared_experts=1, first_k_dense_replace=1, routed_scaling_factor=2.5, n_group=4, topk_group=2,
+                 norm_topk_prob=True, rms_norm_eps=1e-6, tie_word_embeddings=False, max_position_embeddings=163840,
+                 rope_parameters={"rope_type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096,
+                                  "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+                                  "rope_theta": 10000.0})
+# GPT-OSS: a 4-token window (< the test sequences) on every other layer, sinks, biases, yarn; E and M multiples of
+# 32 so that the MXFP4 test can pack them.
+_GPT_OSS = dict(hidden_size=192, num_hidden_layers=4, vocab_size=509, num_attention_heads=6, num_key_value_heads=2,
+                head_dim=40, intermediate_size=128, num_local_experts=4, num_experts_per_tok=2, sliding_window=4,
+                rms_norm_eps=1e-5, tie_word_embeddings=False, max_position_embeddings=131072, swiglu_limit=7.0,
+                rope_parameters={"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                 "truncate": False, "original_max_position_embeddings": 4096, "rope_theta": 150000.0})
+# Llama 4: chunks of 4 tokens (< the test sequences), NoPE every 4th layer, 8 layers = 2 scanned blocks of 4.
+_LLAMA4 = dict(hidden_size=192, num_hidden_layers=8, vocab_size=509, num_attention_heads=6, num_key_value_heads=2,
+               head_dim=40, intermediate_size=64, intermediate_size_mlp=256, num_local_experts=4, num_experts_per_tok=1,
+               rms_norm_eps=1e-5, tie_word_embeddings=False, max_position_embeddings=131072, attention_chunk_size=4,
+               no_rope_layer_interval=4, attn_temperature_tuning=True)
 
-
-def _gemma() -> TinyModelSpec:
-  return TinyModelSpec("GemmaConfig", "GemmaForCausalLM",
-                       dict(_GEMMA, num_hidden_layers=3, num_key_value_heads=1, hidden_act="gelu_pytorch_tanh"))
-
-
-def _gemma2() -> TinyModelSpec:
-  """4 HF layers (2 MaxText layers); query_pre_attn_scalar = hidden/heads != head_dim, as in Gemma-2-27B."""
-  return TinyModelSpec("Gemma2Config", "Gemma2ForCausalLM",
-                       dict(_GEMMA, num_hidden_layers=4, query_pre_attn_scalar=64, sliding_window=8,
-                            attn_logit_softcapping=2.0, final_logit_softcapping=10.0, rope_theta=10000.0))
-
-
-def _gemma3() -> TinyModelSpec:
-  """8 layers: one scanned block of 6 (layer 5 global) plus 2 remainder layers; local and global rope bases,
-  linear scaling 8 on global layers (as Gemma-3-4B); query_pre_attn_scalar = head_dim (gemma3-4b's rule).
-  attn_logit_softcapping is set although transformers' Gemma3 ignores it: the conversion must ignore it too."""
-  rope = {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
-          "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}
-  return TinyModelSpec("Gemma3TextConfig", "Gemma3ForCausalLM",
-                       dict(_GEMMA, num_hidden_layers=8, query_pre_attn_scalar=48, sliding_window=8,
-                            attn_logit_softcapping=1.5, final_logit_softcapping=10.0, rope_parameters=rope))
-
-
-TINY_MODELS: dict[str, Callable[[], TinyModelSpec]] = {
-    "qwen3": _qwen3,
-    "llama2": _llama2,
-    "llama3": _llama3,
-    "llama3.1": _llama31,
-    "llama3.2_tied": _llama32_tied,
-    "mistral": _mistral,
-    "qwen2": _qwen2,
-    "qwen3_moe": _qwen3_moe,
-    "mixtral": _mixtral,
-    "qwen3_30b_a3b_tiny": _qwen3_30b_a3b_tiny,
-    "gemma": _gemma,
-    "gemma2": _gemma2,
-    "gemma3": _gemma3,
+TINY_MODELS: dict[str, TinyModelSpec] = {
+    "qwen3": TinyModelSpec(
+        "Qwen3Config", "Qwen3ForCausalLM",
+        dict(hidden_size=256, num_hidden_layers=8, vocab_size=512, num_attention_heads=4, num_key_value_heads=2,
+             head_dim=96, intermediate_size=512, rope_theta=1e6, max_position_embeddings=512, rms_norm_eps=1e-6,
+             tie_word_embeddings=False),
+        "qwen3", "qwen3", "qwen3-8b"),
+    "llama2": TinyModelSpec("LlamaConfig", "LlamaForCausalLM", dict(_DENSE, rope_theta=10000.0), "llama", "llama2",
+                            "llama2-7b"),
+    "llama3": TinyModelSpec("LlamaConfig", "LlamaForCausalLM", dict(_DENSE, rope_theta=500000.0), "llama", "llama3",
+                            "llama3-8b"),
+    "llama3.1": TinyModelSpec("LlamaConfig", "LlamaForCausalLM",
+                              dict(_DENSE, rope_parameters=_LLAMA31_SCALING, max_position_embeddings=131072),
+                              "llama", "llama3.1", "llama3.1-8b"),
+    "llama3.2_tied": TinyModelSpec("LlamaConfig", "LlamaForCausalLM",
+                                   dict(_DENSE, rope_parameters=_LLAMA31_SCALING, max_position_embeddings=131072,
+                                        tie_word_embeddings=True),
+                                   "llama", "llama3.1", "llama3.1-8b"),
+    "mistral": TinyModelSpec("MistralConfig", "MistralForCausalLM", dict(_DENSE, rope_theta=1e6, sliding_window=None),
+                             "mistral", "mistral", "mistral-7b"),
+    "qwen2": TinyModelSpec("Qwen2Config", "Qwen2ForCausalLM", dict(_DENSE, rope_theta=1e6), "qwen2", "qwen2.5",
+                           "qwen2.5-7b"),
+    "qwen3_moe": TinyModelSpec(
+        "Qwen3MoeConfig", "Qwen3MoeForCausalLM",
+        dict(_DENSE, rope_theta=1e6, num_experts=6, num_experts_per_tok=2, moe_intermediate_size=96,
+             norm_topk_prob=True),
+        "qwen3_moe", "qwen3", "qwen3-30b-a3b"),
+    "mixtral": TinyModelSpec(
+        "MixtralConfig", "MixtralForCausalLM",
+        dict(_DENSE, rope_theta=1e6, num_local_experts=4, num_experts_per_tok=2, intermediate_size=96),
+        "mixtral", "mixtral", "mixtral-8x7b"),
+    # Qwen3-30B-A3B's structure at reduced size: 48 -> 4 layers, 128 -> 8 experts (top 8 -> top 2), hidden 2048 ->
+    # 128, 32 -> 8 query and 4 -> 2 KV heads of head_dim 128 -> 32 (so H*D = 2 * hidden, as in the original),
+    # moe_intermediate 768 -> 48, vocab 151936 -> 512; norm_topk_prob true, every layer sparse, untied.
+    "qwen3_30b_a3b_tiny": TinyModelSpec(
+        "Qwen3MoeConfig", "Qwen3MoeForCausalLM",
+        dict(hidden_size=128, num_hidden_layers=4, vocab_size=512, num_attention_heads=8, num_key_value_heads=2,
+             head_dim=32, intermediate_size=384, moe_intermediate_size=48, num_experts=8, num_experts_per_tok=2,
+             norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], rope_theta=1e6,
+             max_position_embeddings=512, rms_norm_eps=1e-6, tie_word_embeddings=False),
+        "qwen3_moe", "qwen3"),
+    "gemma": TinyModelSpec("GemmaConfig", "GemmaForCausalLM",
+                           dict(_GEMMA, num_hidden_layers=3, num_key_value_heads=1, hidden_act="gelu_pytorch_tanh"),
+                           "gemma", "gemma", "gemma-2b"),
+    # 4 HF layers (2 MaxText layers); query_pre_attn_scalar = hidden/heads != head_dim, as in Gemma-2-27B.
+    "gemma2": TinyModelSpec("Gemma2Config", "Gemma2ForCausalLM",
+                            dict(_GEMMA, num_hidden_layers=4, query_pre_attn_scalar=64, sliding_window=8,
+                                 attn_logit_softcapping=2.0, final_logit_softcapping=10.0, rope_theta=10000.0),
+                            "gemma2", "gemma2", "gemma2-2b"),
+    # 8 layers: one scanned block of 6 (layer 5 global) plus 2 remainder layers; local and global rope bases,
+    # linear scaling 8 on global layers (as Gemma-3-4B); query_pre_attn_scalar = head_dim (gemma3-4b's rule).
+    # attn_logit_softcapping is set although transformers' Gemma3 ignores it: the conversion must ignore it too.
+    "gemma3": TinyModelSpec(
+        "Gemma3TextConfig", "Gemma3ForCausalLM",
+        dict(_GEMMA, num_hidden_layers=8, query_pre_attn_scalar=48, sliding_window=8, attn_logit_softcapping=1.5,
+             final_logit_softcapping=10.0,
+             rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+                              "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}),
+        "gemma3", "gemma3-4b", "gemma3-4b"),
+    "deepseek3": TinyModelSpec("DeepseekV3Config", "DeepseekV3ForCausalLM", _DEEPSEEK, "deepseek", "deepseek3",
+                               "deepseek3-671b"),
+    # V2-Lite's shape: full-rank queries, softmax routing without bias or groups, 2 shared experts.
+    "deepseek2": TinyModelSpec(
+        "DeepseekV2Config", "DeepseekV2ForCausalLM",
+        dict(_DEEPSEEK, q_lora_rank=None, n_shared_experts=2, routed_scaling_factor=1.0, n_group=None, topk_group=None,
+             norm_topk_prob=False, topk_method="greedy",
+             rope_parameters=dict(_DEEPSEEK["rope_parameters"], mscale=0.707, mscale_all_dim=0.707)),
+        "deepseek", "deepseek2", "deepseek2-16b"),
+    # The sparse indexer keeps 4 of the 32 test tokens; 32 indexer heads avoid ties at ReLU's 0 (contract pitfall 10).
+    "deepseek3.2": TinyModelSpec("DeepseekV32Config", "DeepseekV32ForCausalLM",
+                                 dict(_DEEPSEEK, index_n_heads=32, index_head_dim=32, index_topk=4),
+                                 "deepseek", "deepseek3.2", "deepseek3.2-671b"),
+    "gpt_oss": TinyModelSpec("GptOssConfig", "GptOssForCausalLM", _GPT_OSS, "gpt_oss", "gpt-oss", "gpt-oss-20b"),
+    # Scout-like: every layer MoE, q/k L2 norms, MaxText's llama3 rope scaling.
+    "llama4_16e": TinyModelSpec(
+        "Llama4TextConfig", "Llama4ForCausalLM",
+        dict(_LLAMA4, interleave_moe_layer_step=1, use_qk_norm=True,
+             rope_parameters=dict(_LLAMA31_SCALING, rope_theta=500000.0)),
+        "llama4", "llama4-17b-16e", "llama4-17b-16e"),
+    # Maverick-like: dense and MoE layers in turn, no q/k norms, plain rope.
+    "llama4_128e": TinyModelSpec(
+        "Llama4TextConfig", "Llama4ForCausalLM",
+        dict(_LLAMA4, interleave_moe_layer_step=2, use_qk_norm=False,
+             rope_parameters={"rope_type": "default", "rope_theta": 500000.0}),
+        "llama4", "llama4-17b-128e", "llama4-17b-128e"),
 }
 
 
 def randomize_parameters(model: Any, seed: int) -> None:
-  """Weights ~ N(0, 0.05^2); 1-D norm scales ~ 1 + N(0, 0.2^2)."""
+  """Weights ~ N(0, 0.05^2); 1-D norm scales ~ 1 + N(0, 0.2^2); DeepSeek's routing bias ~ N(0, 0.3^2), large
+  enough to change which experts are chosen. Saved buffers are randomized like parameters."""
   import torch  # pylint: disable=g-import-not-at-top
 
   generator = torch.Generator().manual_seed(seed)
+  tensors = dict(model.named_parameters())
+  for module_name, module in model.named_modules():
+    for name, buffer in module.named_buffers(recurse=False):
+      if name not in module._non_persistent_buffers_set and buffer.is_floating_point():  # pylint: disable=protected-access
+        tensors[f"{module_name}.{name}" if module_name else name] = buffer
   with torch.no_grad():
-    for name, param in sorted(model.named_parameters()):
-      noise = torch.randn(param.shape, generator=generator, dtype=torch.float32)
-      if param.ndim == 1 and "norm" in name:
-        param.copy_(1.0 + 0.2 * noise)
+    for name, tensor in sorted(tensors.items()):
+      noise = torch.randn(tensor.shape, generator=generator, dtype=torch.float32)
+      if name.endswith("e_score_correction_bias"):
+        tensor.copy_(0.3 * noise)
+      elif tensor.ndim == 1 and "norm" in name:
+        tensor.copy_(1.0 + 0.2 * noise)
       else:
-        param.copy_(0.05 * noise)
+        tensor.copy_(0.05 * noise)
 
 
 def build_tiny_model(
@@ -161,7 +180,7 @@ def build_tiny_model(
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
 
-  spec = TINY_MODELS[family]()
+  spec = TINY_MODELS[family]
   config = getattr(transformers, spec.config_class)(**{**spec.config, **config_overrides})
   torch.manual_seed(seed)
   model = getattr(transformers, spec.model_class)(config).to(torch.float32)

@@ -49,7 +49,9 @@ def reference_logits(hf_model_path: str, ids: np.ndarray, weights_dtype: str = "
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
 
-  model = transformers.AutoModelForCausalLM.from_pretrained(hf_model_path, dtype=torch.float32)
+  # Eager attention: the reference for sinks, sliding windows, chunks and sparse indexers alike.
+  model = transformers.AutoModelForCausalLM.from_pretrained(hf_model_path, dtype=torch.float32,
+                                                            attn_implementation="eager")
   model.eval()
   if weights_dtype != "float32":
     with torch.no_grad():

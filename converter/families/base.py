@@ -16,6 +16,7 @@ from converter.ops import Op
 
 Shape = tuple[int, ...]
 SCAN_AXIS = 1  # MaxText's param_scan_axis: the layer axis of a scanned leaf.
+ROTARY_CACHES = {r".*\.rotary_emb\.inv_freq$": ""}  # Recomputed by every model; nothing to convert.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,7 +86,8 @@ class Family:
   picks one from config.json; `runtime` says what the chosen target's MaxText computes (its overrides and fixed
   rules); `layout(config, target, target vocab size, scan_layers)` says where every HF tensor goes; `check` returns
   warnings about what the target cannot reproduce (it raises ConversionError for what it must refuse);
-  `ignored_tensors` are regexes of HF tensors the family reads nowhere on purpose.
+  `ignored_tensors` maps regexes of HF tensors the family reads nowhere on purpose to the reason a conversion
+  states when it skips some ("" for none: rotary caches).
   """
 
   name: str
@@ -95,7 +97,7 @@ class Family:
   runtime: Callable[[ModelConfig, str], Runtime]
   layout: Callable[[ModelConfig, str, int, bool], Layout]
   check: Callable[[ModelConfig, str], list[str]] = lambda cfg, target: []
-  ignored_tensors: Callable[[ModelConfig], tuple[str, ...]] = lambda cfg: (r".*\.rotary_emb\.inv_freq$",)
+  ignored_tensors: Callable[[ModelConfig], dict[str, str]] = lambda cfg: dict(ROTARY_CACHES)
 
   def target_prefix(self, target_model: str) -> str:
     """The longest declared prefix `target_model` starts with ("llama3.1-8b" -> "llama3.1")."""

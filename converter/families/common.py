@@ -209,6 +209,54 @@ def integer(cfg: ModelConfig, name: str, value: Any, warnings: list[str]) -> int
   return rounded
 
 
+def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+  return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def yarn_rope(cfg: ModelConfig, warnings: list[str], *, latent_attention: bool) -> dict[str, Any]:
+  """MaxText's YaRN keys for HF's rope scaling (DeepSeek, GPT-OSS); plain rope is YaRN with factor 1.
+
+  HF scales cos/sin by `attention_factor` (by default mscale(factor, mscale) / mscale(factor, mscale_all_dim), or
+  mscale(factor) without both) and, for DeepSeek's latent attention, the softmax by mscale(factor,
+  mscale_all_dim)^2. MaxText has one switch for the first (`rope_attention_scaling`: mscale(factor) or 1) and, for
+  latent attention, `mscale` for the second, applied only when max_position_embeddings exceeds the original.
+  """
+  scaling = rope_parameters(cfg)
+  max_positions = int(cfg.get("max_position_embeddings") or 4096)
+  if rope_kind(scaling) == "default":
+    return {"rope_factor": 1, "original_max_position_embeddings": max_positions, "max_position_embeddings": max_positions,
+            "rope_attention_scaling": False, **({"mscale": 1.0} if latent_attention else {})}
+  if rope_kind(scaling) != "yarn":
+    raise ConversionError(f"{cfg.path}: rope scaling {scaling}; MaxText's decoder for this family runs YaRN only")
+  original = int(scaling.get("original_max_position_embeddings") or cfg.require("original_max_position_embeddings"))
+  factor_value = scaling.get("factor") or max_positions / original
+  factor = integer(cfg, "rope factor", factor_value, warnings)
+  mscale, mscale_all_dim = scaling.get("mscale"), scaling.get("mscale_all_dim")
+  if scaling.get("attention_factor") is not None:
+    cos_sin = float(scaling["attention_factor"])
+  elif mscale and mscale_all_dim:
+    cos_sin = _yarn_mscale(factor_value, mscale) / _yarn_mscale(factor_value, mscale_all_dim)
+  else:
+    cos_sin = _yarn_mscale(factor_value)
+  attention_scaling = not math.isclose(cos_sin, 1.0, rel_tol=1e-6)
+  if attention_scaling and not math.isclose(cos_sin, _yarn_mscale(factor), rel_tol=1e-6):
+    warnings.append(f"{cfg.path}: YaRN scales cos/sin by {cos_sin:.6g} (mscale={mscale}, mscale_all_dim="
+                    f"{mscale_all_dim}); MaxText scales them by 1 or 0.1*ln(factor)+1 only, so logits will differ")
+  overrides = {
+      "rope_factor": factor, "original_max_position_embeddings": original,
+      "max_position_embeddings": max_positions,
+      "beta_fast": integer(cfg, "beta_fast", scaling.get("beta_fast") or 32, warnings),
+      "beta_slow": integer(cfg, "beta_slow", scaling.get("beta_slow") or 1, warnings),
+      "rope_truncate": bool(scaling.get("truncate", True)), "rope_attention_scaling": attention_scaling,
+  }
+  if latent_attention:
+    overrides["mscale"] = float(mscale_all_dim or 0.0)
+    if mscale_all_dim and max_positions <= original and factor > 1:
+      warnings.append(f"{cfg.path}: max_position_embeddings={max_positions} does not exceed the original"
+                      f" {original}: MaxText then skips the YaRN softmax scale that HF applies")
+  return overrides
+
+
 # Gemma-style decoders: norm scales stored as w + offset, a scaled embedding table, norms around attention and MLP,
 # several HF layers per MaxText layer, layers scanned in blocks.
 def sandwich_norms(cfg: ModelConfig, rules: WeightRules, decoder: Decoder, suffix: str = "") -> tuple[Param, ...]:

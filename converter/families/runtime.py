@@ -23,13 +23,13 @@ class MaxTextConfig:
   base_emb_dim: int
   base_num_query_heads: int
   base_num_kv_heads: int
-  head_dim: int
   base_mlp_dim: int
   base_num_decoder_layers: int
   vocab_size: int
   normalization_layer_epsilon: float
   rope_max_timescale: float
   logits_via_embedding: bool
+  head_dim: int | None = None  # None for multi-head latent attention, whose head sizes are its own keys.
   scan_layers: bool | None = None  # Set by the plan.
   normalize_embedding_logits: bool | None = None
   # Attention.
@@ -62,6 +62,7 @@ class MaxTextConfig:
   shared_experts: int | None = None
   first_num_dense_layers: int | None = None
   interleave_moe_layer_step: int | None = None
+  inhomogeneous_layer_cycle_interval: int | None = None  # Scanned blocks of this many layers (GPT-OSS, Llama 4).
   routed_scaling_factor: float | None = None
   routed_score_func: str | None = None
   routed_bias: bool | None = None

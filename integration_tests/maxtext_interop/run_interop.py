@@ -1,6 +1,7 @@
 """Interop check against real MaxText 0.2.5: our converted checkpoints, MaxText's loader and forward pass.
 
-For every tiny model in tools/tiny_models.TINY_MODELS that has a MaxText 0.2.5 model config, scan on and off:
+For every tiny model in tools/tiny_models.TINY_MODELS that names a MaxText 0.2.5 model config (`maxtext_model`),
+scan on and off:
   1. build the random tiny transformers model (float32; tied models get bf16-representable embedding tables,
      since MaxText's tied logits use a bfloat16 copy of the table) and its transformers reference logits;
   2. convert it with the real converter (`converter/main.py --save_dtype=float32 --target_model=<name>`);
@@ -53,22 +54,6 @@ flags.DEFINE_integer("jobs", 2, "Cases (convert + MaxText forward) run at once."
 flags.DEFINE_integer("case_timeout_s", 600, "Timeout for each subprocess.")
 flags.DEFINE_string("work_dir", None, "Where models, checkpoints and logs go (default: a temporary directory).")
 flags.DEFINE_boolean("keep_work_dir", False, "Keep the temporary work directory.")
-
-# Tiny model (TINY_MODELS key) -> the MaxText 0.2.5 model config it runs as.
-MAXTEXT_MODELS = {
-    "qwen3": "qwen3-8b",
-    "qwen3_moe": "qwen3-30b-a3b",
-    "llama2": "llama2-7b",
-    "llama3": "llama3-8b",
-    "llama3.1": "llama3.1-8b",
-    "llama3.2_tied": "llama3.1-8b",
-    "mistral": "mistral-7b",
-    "mixtral": "mixtral-8x7b",
-    "qwen2": "qwen2.5-7b",
-    "gemma": "gemma-2b",
-    "gemma2": "gemma2-2b",
-    "gemma3": "gemma3-4b",
-}
 
 HARNESS = os.path.join(ROOT, "integration_tests", "maxtext_interop", "maxtext_logits.py")
 CONVERTER = os.path.join(ROOT, "converter", "main.py")
@@ -209,10 +194,10 @@ def main(argv: list[str]) -> int:
   scans = {"both": (False, True), "true": (True,), "false": (False,)}[FLAGS.scan_layers]
   runnable = []
   for name in names:
-    if name in MAXTEXT_MODELS:
+    if tiny_models.TINY_MODELS[name].maxtext_model:
       runnable.append(name)
     else:
-      print(f"skip {name}: no MaxText 0.2.5 model config mapped to it (run_interop.MAXTEXT_MODELS)", flush=True)
+      print(f"skip {name}: its TINY_MODELS row names no MaxText model (maxtext_model)", flush=True)
 
   if not os.path.isfile(FLAGS.maxtext_python) or not os.access(FLAGS.maxtext_python, os.X_OK):
     print(f"error: no MaxText interpreter at {FLAGS.maxtext_python} (run integration_tests/maxtext_interop/"
@@ -244,7 +229,7 @@ def main(argv: list[str]) -> int:
       model_dir = os.path.join(work, name)
       hf_dir = os.path.join(model_dir, "hf")
       try:
-        spec = tiny_models.TINY_MODELS[name]()
+        spec = tiny_models.TINY_MODELS[name]
         tiny_models.build_tiny_model(name, hf_dir, seed=FLAGS.seed, round_embeddings_to_bf16=_is_tied(spec))
         ids = validate_lib.token_ids(load_model_config(hf_dir).vocab_size, FLAGS.batch, FLAGS.seq_len, FLAGS.seed)
         ids_path = os.path.join(model_dir, "token_ids.npy")
@@ -253,13 +238,13 @@ def main(argv: list[str]) -> int:
         np.save(os.path.join(model_dir, "hf_logits.npy"), reference)
       except Exception as e:  # pylint: disable=broad-except
         for scan in scans:
-          case = Case(name, MAXTEXT_MODELS[name], scan, hf_dir, "", np.zeros(0), "",
+          case = Case(name, tiny_models.TINY_MODELS[name].maxtext_model, scan, hf_dir, "", np.zeros(0), "",
                       error=f"building the model or its reference failed: {type(e).__name__}: {e}")
           cases.append(case)
           report(case)
         continue
       for scan in scans:
-        case = Case(name, MAXTEXT_MODELS[name], scan, hf_dir, ids_path, reference,
+        case = Case(name, tiny_models.TINY_MODELS[name].maxtext_model, scan, hf_dir, ids_path, reference,
                     os.path.join(model_dir, f"scan_{'on' if scan else 'off'}"))
         cases.append(case)
         futures.append(pool.submit(lambda c: report(run_case(c)) or c, case))
