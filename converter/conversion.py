@@ -93,6 +93,8 @@ def convert_to_maxtext(
           "target_model": plan.target_model,
           "hf_architecture": plan.config.architecture,
           "save_dtype": plan.save_dtype.name,
+          # How the source stored its weights (None: plain floats); the reverse direction says it dequantized.
+          "quant_method": plan.source.quant_method,
           "maxtext_overrides": overrides,
           # The original config.json, verbatim: --direction=to_huggingface writes it back.
           "hf_config": _original_hf_config(plan),

@@ -34,7 +34,7 @@ def predicted_peak_bytes(plan: Plan, baseline_bytes: int, max_inflight_bytes: in
 
 
 def describe(plan: Plan, *, baseline_bytes: int, max_inflight_bytes: int) -> str:
-  quantized = getattr(plan.source, "quant_method", None)
+  quantized = plan.source.quant_method
   lines = [f"{plan.family.name} ({plan.config.architecture}) -> MaxText {plan.target_model},"
            f" {'scanned' if plan.scan_layers else 'unscanned'}, {plan.save_dtype.name}"
            + (f"; {quantized} weights dequantized while streaming" if quantized else ""), ""]

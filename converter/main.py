@@ -153,6 +153,8 @@ def _run_to_maxtext() -> None:
   plan = result.plan
   print(f"family:        {plan.family.name} ({plan.config.architecture}), target model {plan.target_model}")
   print(f"leaves:        {len(plan.leaves)} ({'scanned' if plan.scan_layers else 'unscanned'}, {plan.save_dtype.name})")
+  if plan.source.quant_method:
+    print(f"source:        {plan.source.quant_method} weights, dequantized while streaming")
   print(f"bytes:         {plan.total_bytes:,}")
   print(f"seconds:       {seconds:.2f}")
   print(f"peak RSS:      {_peak_rss_bytes() / 2**20:.0f} MiB")

@@ -8,7 +8,7 @@ from unittest import mock
 import numpy as np
 from absl.testing import absltest, parameterized
 
-from converter import arrays, families, ops, plan
+from converter import families, ops, plan
 from converter.model_config import load_model_config
 from converter.sources import open_source
 from handlers import LazyTensor, block_indices
@@ -63,12 +63,6 @@ class PlanLoadersTest(parameterized.TestCase):
     leaf = next(l for l in self._plan(scan_layers=True).leaves if l.name.endswith("query/kernel"))
     lazy = LazyTensor(leaf.name, leaf.shape, leaf.dtype, leaf.loader)
     self.assertEqual(lazy.block_shape, (64, 1, 4, 24))
-
-  def test_transpose_last_two_equals_numpy(self):
-    for shape in ((1, 1), (5, 3), (16, 7), (33, 70), (100, 17)):
-      x = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
-      np.testing.assert_array_equal(arrays.transpose_last_two(x), x.T)
-      self.assertTrue(arrays.transpose_last_two(x).flags.c_contiguous)
 
   def test_source_row_axis(self):
     self.assertEqual(plan.source_row_axis((ops.PadRows(8), ops.ScaleInFloat32(2.0))), 0)

@@ -53,13 +53,14 @@ def platform_py_test(name, srcs, main = None, env = {}, tags = [], size = "large
             **kwargs
         )
 
-def py_unit_tests(deps = [], data = [], size = "medium", tags = []):
-    """One CPU py_test per *_test.py in the calling package, plus a `tests` suite of them.
+def py_unit_tests(deps = [], data = [], size = "medium", tags = [], srcs = ["*_test.py"]):
+    """One CPU py_test per file matching `srcs` (globs, default *_test.py) in the calling package, plus a
+    `tests` suite of them.
 
-    For unit tests next to the code (handlers/, converter/, tools/). //integration_tests:cpu_tests
-    includes each package's :tests.
+    For unit tests next to the code (handlers/, converter/ and its subdirectories, tools/).
+    //integration_tests:cpu_tests includes each package's :tests.
     """
-    for src in native.glob(["*_test.py"], allow_empty = True):
+    for src in native.glob(srcs, allow_empty = True):
         py_test(
             name = src[:-len(".py")],
             size = size,

@@ -45,8 +45,11 @@ FLOAT32_MAX_LOGITS_DIFF = 1e-4
 # choice for a token. So: a max|diff| bound for dense models, cosine and argmax for all.
 BFLOAT16_MAX_LOGITS_DIFF_DENSE = 1e-2
 BFLOAT16_MIN_COSINE = 0.9999
-# bfloat16 cells, one per kind of transform: query scale + RoPE permutation, query scale + experts, all exact.
-BFLOAT16_MODELS = ("llama3.1", "mixtral", "qwen3_moe")
+# bfloat16 cells, one per kind of transform: query scale + RoPE permutation, query scale + experts, all exact;
+# every family of the giant MoE wave (latent attention, the gate bias's layer axis, the indexer, fused experts split
+# interleaved or in halves, strided blocks): bf16 in, bf16 out, bit for bit.
+BFLOAT16_MODELS = ("llama3.1", "mixtral", "qwen3_moe", "deepseek2", "deepseek3", "deepseek3.2", "gpt_oss",
+                   "llama4_16e", "llama4_128e")
 # The only tensors a family may transform with float arithmetic: query projections (1/sqrt(D) baked in), norm
 # scales (Gemma's w + 1) and the embedding (Gemma's sqrt(E), exact when E is a power of 4).
 INEXACT_ALLOWED = r"(\.q_proj\.(weight|bias)|norm\.weight|embed_tokens\.weight)$"

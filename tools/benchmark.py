@@ -1,15 +1,22 @@
 """Benchmarks the converter on a synthetic checkpoint: wall time and peak memory against the I/O floor.
 
   bazel run //tools:benchmark -- --family=qwen3_moe --size_gb=8 --devices=1,16 --runs=3
+  bazel run //tools:benchmark -- --family=deepseek3_fp8 --size_gb=6 --devices=1 --runs=3
 
-Writes a synthetic HF checkpoint of the family and size (numpy, random gaussian bfloat16), then for each
-device count runs the real converter binary in a child process `--runs` times, sampling the RSS of the whole
-process tree. The floor, measured in the same run, is reading every input byte and writing as many bytes with
-fsync: no converter can beat it on this disk. Prints medians and the ratios to the floor.
+Writes a synthetic HF checkpoint of the family and size (numpy, random gaussian values; FP8 with block scales for
+deepseek3_fp8), then for each device count runs the real converter binary in a child process `--runs` times,
+sampling the RSS of the whole process tree. The floor, measured in the same run, is reading every input byte and
+writing as many bytes as the conversion writes (the checkpoint's bytes; twice the input's for FP8, which becomes
+bfloat16), with fsync: no converter can beat it on this disk. Prints medians and the ratios to the floor.
+
+For a quantized input it also times, in the same run, the route MaxText offers: a separate pass that writes a
+dequantized bfloat16 copy (tools/dequantize_checkpoint.py), then the conversion of that copy, which is also the
+bfloat16 baseline for peak memory.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import statistics
@@ -98,8 +105,9 @@ def run_sampled(command: list[str], env: dict[str, str]) -> tuple[float, int, su
   return wall, peak, subprocess.CompletedProcess(command, child.returncode, stdout, stderr)
 
 
-def io_floor(input_dir: str, scratch: str) -> tuple[float, int]:
-  """Seconds to read every input file and write the same number of bytes (fsync'd); returns (seconds, bytes)."""
+def io_floor(input_dir: str, scratch: str, write_ratio: float = 1.0) -> tuple[float, int]:
+  """Seconds to read every input file and write `write_ratio` times as many bytes (fsync'd); returns
+  (seconds, bytes read)."""
   files = [os.path.join(input_dir, f) for f in sorted(os.listdir(input_dir)) if f.endswith(".safetensors")]
   total = sum(os.path.getsize(f) for f in files)
   buffer = bytearray(64 << 20)
@@ -110,7 +118,10 @@ def io_floor(input_dir: str, scratch: str) -> tuple[float, int]:
     for path in files:
       with open(path, "rb", buffering=0) as f:
         while n := f.readinto(buffer):
-          out.write(memoryview(buffer)[:n])
+          for _ in range(int(write_ratio)):
+            out.write(memoryview(buffer)[:n])
+          if write_ratio % 1:
+            out.write(memoryview(buffer)[: int(n * (write_ratio % 1))])
     os.fsync(out.fileno())
   seconds = time.monotonic() - start
   os.remove(out_path)
@@ -119,6 +130,23 @@ def io_floor(input_dir: str, scratch: str) -> tuple[float, int]:
 
 def _du(path: str) -> int:
   return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
+
+
+def _convert_command(input_dir: str, output_dir: str, devices: str) -> list[str]:
+  command = [sys.executable, os.path.join(_REPO, "converter", "main.py"), f"--hf_model_path={input_dir}",
+             f"--output_dir={output_dir}", "--overwrite", f"--simulated_cpu_devices_count={devices}",
+             f"--scan_layers={FLAGS.scan_layers}", "--noprogress"]
+  if FLAGS.max_inflight_bytes:
+    command.append(f"--max_inflight_bytes={FLAGS.max_inflight_bytes}")
+  return command
+
+
+def _run(label: str, command: list[str], env: dict[str, str], cgroup: MemoryCgroup | None) -> tuple[float, int]:
+  wall, peak, result = run_sampled(cgroup.wrap(command) if cgroup else command, env)
+  if result.returncode:
+    sys.exit(f"{label} failed ({result.returncode}):\n{result.stderr[-3000:]}")
+  print(f"{label} wall={wall:.1f}s peak_rss={peak / 2**30:.2f}GiB", flush=True)
+  return wall, peak
 
 
 def main(argv: list[str]) -> None:
@@ -131,43 +159,57 @@ def main(argv: list[str]) -> None:
     config, written = synthetic_checkpoint.write_family_checkpoint(input_dir, FLAGS.family, target)
     print(f"wrote {written / 1e9:.2f} GB synthetic {FLAGS.family} ({config['num_hidden_layers']} layers) to"
           f" {input_dir} in {time.monotonic() - start:.1f} s", flush=True)
+  with open(os.path.join(input_dir, "config.json")) as f:
+    quantized = "quantization_config" in json.load(f)
   output_dir = os.path.join(FLAGS.work_dir, "out")
+  copy_dir = os.path.join(FLAGS.work_dir, "dequantized")
   env = dict(os.environ, PYTHONPATH=_REPO)
   cgroup = MemoryCgroup(int(FLAGS.memory_limit_gib * 2**30)) if FLAGS.memory_limit_gib else None
-  floors = []
-  rows = []
+  input_bytes = sum(os.path.getsize(os.path.join(input_dir, f)) for f in os.listdir(input_dir))
+  floors, rows = [], []
   for devices in FLAGS.devices:
-    walls, peaks = [], []
+    walls, peaks, routes = [], [], []
     for _ in range(FLAGS.runs):
       shutil.rmtree(output_dir, ignore_errors=True)  # Disk: input + the floor's copy must fit, not + output too.
-      floors.append(io_floor(input_dir, FLAGS.work_dir)[0])
-      command = [sys.executable, os.path.join(_REPO, "converter", "main.py"), f"--hf_model_path={input_dir}",
-                 f"--output_dir={output_dir}", "--overwrite", f"--simulated_cpu_devices_count={devices}",
-                 f"--scan_layers={FLAGS.scan_layers}", "--noprogress"]
-      if FLAGS.max_inflight_bytes:
-        command.append(f"--max_inflight_bytes={FLAGS.max_inflight_bytes}")
-      wall, peak, result = run_sampled(cgroup.wrap(command) if cgroup else command, env)
-      if result.returncode:
-        sys.exit(f"conversion failed ({result.returncode}):\n{result.stderr[-3000:]}")
+      floors.append(io_floor(input_dir, FLAGS.work_dir, 2.0 if quantized else 1.0)[0])
+      wall, peak = _run(f"devices={devices}", _convert_command(input_dir, output_dir, devices), env, cgroup)
       walls.append(wall)
       peaks.append(peak)
       out_bytes = _du(output_dir)
-      print(f"devices={devices} wall={wall:.1f}s peak_rss={peak / 2**30:.2f}GiB", flush=True)
-    rows.append((devices, statistics.median(walls), statistics.median(peaks), out_bytes))
+      if quantized:
+        shutil.rmtree(output_dir, ignore_errors=True)
+        shutil.rmtree(copy_dir, ignore_errors=True)
+        dequantize = [sys.executable, os.path.join(_REPO, "tools", "dequantize_checkpoint.py"), f"--input={input_dir}",
+                      f"--output={copy_dir}"]
+        pass_wall, pass_peak = _run("  dequantize pass", dequantize, env, cgroup)
+        copy_wall, copy_peak = _run("  convert the bf16 copy", _convert_command(copy_dir, output_dir, devices), env,
+                                    cgroup)
+        routes.append((pass_wall, pass_peak, copy_wall, copy_peak))
+        shutil.rmtree(copy_dir, ignore_errors=True)
+    rows.append((devices, statistics.median(walls), statistics.median(peaks), out_bytes,
+                 [statistics.median(r[k] for r in routes) for k in range(4)] if routes else None))
   shutil.rmtree(output_dir, ignore_errors=True)
   if cgroup:
     cgroup.remove()
     print(f"\nevery conversion ran in a memory cgroup limited to {FLAGS.memory_limit_gib:g} GiB")
-  input_bytes = sum(os.path.getsize(os.path.join(input_dir, f)) for f in os.listdir(input_dir))
   floor = statistics.median(floors)
-  print(f"\ninput {input_bytes / 1e9:.2f} GB; I/O floor (read input + write as much, fsync) median {floor:.1f} s"
-        f" ({2 * input_bytes / floor / 1e9:.2f} GB/s moved)")
+  moved = input_bytes * (3 if quantized else 2)
+  print(f"\ninput {input_bytes / 1e9:.2f} GB; I/O floor (read input + write {'twice' if quantized else 'as much'},"
+        f" fsync) median {floor:.1f} s ({moved / floor / 1e9:.2f} GB/s moved)")
   print("| model | size | devices | scan | wall (median) | peak RSS | output | throughput | floor | wall / floor |")
   print("|---|---|---|---|---|---|---|---|---|---|")
-  for devices, wall, peak, out_bytes in rows:
+  for devices, wall, peak, out_bytes, route in rows:
     print(f"| {FLAGS.family} | {input_bytes / 1e9:.1f} GB | {devices} | {'on' if FLAGS.scan_layers else 'off'} |"
           f" {wall:.1f} s | {peak / 2**30:.2f} GiB | {out_bytes / 1e9:.2f} GB | {input_bytes / wall / 1e6:.0f} MB/s |"
           f" {floor:.1f} s | {wall / floor:.2f} |")
+  for devices, wall, _, _, route in rows:
+    if route:
+      pass_wall, pass_peak, copy_wall, copy_peak = route
+      print(f"| {FLAGS.family}, dequantize-then-convert (MaxText's route) | {input_bytes / 1e9:.1f} GB | {devices} |"
+            f" {'on' if FLAGS.scan_layers else 'off'} | {pass_wall + copy_wall:.1f} s ({pass_wall:.1f} s pass +"
+            f" {copy_wall:.1f} s conversion) | {max(pass_peak, copy_peak) / 2**30:.2f} GiB (bf16 conversion"
+            f" {copy_peak / 2**30:.2f} GiB) | | | {floor:.1f} s | {(pass_wall + copy_wall) / floor:.2f}"
+            f" ({(pass_wall + copy_wall) / wall:.2f}x the direct conversion) |")
 
 
 if __name__ == "__main__":

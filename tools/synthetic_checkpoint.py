@@ -8,6 +8,7 @@ so generating 30 GB needs little memory.
 from __future__ import annotations
 
 import json
+import math
 import os
 from typing import Iterator
 
@@ -79,12 +80,15 @@ class _GaussianPool:
   """Gaussian values like real weights (compressors see realistic data), generated once and sliced.
 
   Drawing fresh normals for 30 GB would take minutes; a 128 Mi-value pool read at random offsets keeps every
-  tensor different from its neighbours (and from any compressor window) at disk speed.
+  tensor different from its neighbours (and from any compressor window) at disk speed. FP8 weights are spread
+  over e4m3's range as block-scaled checkpoints are; `positive` pools are scales.
   """
 
-  def __init__(self, rng: np.random.Generator, dtype: np.dtype):
+  def __init__(self, rng: np.random.Generator, dtype: np.dtype, positive: bool = False):
     self._rng = rng
-    pool = (rng.standard_normal(_POOL_VALUES, dtype=np.float32) * np.float32(0.02)).astype(dtype)
+    std = 64.0 if dtype.itemsize == 1 else 2e-4 if positive else 0.02
+    pool = rng.standard_normal(_POOL_VALUES, dtype=np.float32) * np.float32(std)
+    pool = (np.abs(pool) + np.float32(std / 8) if positive else pool).astype(dtype)
     self._pool = np.concatenate([pool, pool])  # Any window up to the pool's length is one slice.
 
   def values(self, count: int) -> Iterator[np.ndarray]:
@@ -95,32 +99,37 @@ class _GaussianPool:
       count -= take
 
 
-def write_checkpoint(output_dir: str, config: dict, shapes: list[tuple[str, tuple[int, ...]]], *,
-                     dtype=ml_dtypes.bfloat16, max_shard_bytes: int = 4 << 30, seed: int = 0) -> int:
-  """Writes config.json, shards and the index; returns the bytes of tensor data written."""
-  dtype = np.dtype(dtype)
+def write_checkpoint(output_dir: str, config: dict, shapes: list[tuple], *, dtype=ml_dtypes.bfloat16,
+                     max_shard_bytes: int = 4 << 30, seed: int = 0) -> int:
+  """Writes config.json, shards and the index; returns the bytes of tensor data written. `shapes` holds
+  (name, shape) in `dtype`, or (name, shape, dtype) for tensors of another dtype (FP8 weights, their scales)."""
+  tensors = [(t[0], tuple(t[1]), np.dtype(t[2] if len(t) > 2 else dtype)) for t in shapes]
   os.makedirs(output_dir, exist_ok=True)
-  shards: list[list[tuple[str, tuple[int, ...]]]] = [[]]
+  shards: list[list[tuple[str, tuple[int, ...], np.dtype]]] = [[]]
   size = 0
-  for name, shape in shapes:
-    nbytes = int(np.prod(shape)) * dtype.itemsize
+  for name, shape, tensor_dtype in tensors:
+    nbytes = int(np.prod(shape)) * tensor_dtype.itemsize
     if shards[-1] and size + nbytes > max_shard_bytes:
       shards.append([])
       size = 0
-    shards[-1].append((name, shape))
+    shards[-1].append((name, shape, tensor_dtype))
     size += nbytes
-  pool = _GaussianPool(np.random.default_rng(seed), dtype)
+  rng = np.random.default_rng(seed)
+  pools: dict[tuple[np.dtype, bool], _GaussianPool] = {}
   weight_map, total = {}, 0
   for k, shard in enumerate(shards):
     file_name = f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors"
-    placeholders = {n: np.lib.stride_tricks.as_strided(np.zeros(1, dtype), s, [0] * len(s)) for n, s in shard}
+    placeholders = {n: np.lib.stride_tricks.as_strided(np.zeros(1, d), s, [0] * len(s)) for n, s, d in shard}
     with open(os.path.join(output_dir, file_name), "wb") as f:
       f.write(safetensors_header(placeholders))
-      for name, shape in shard:
-        for piece in pool.values(int(np.prod(shape))):
+      for name, shape, tensor_dtype in shard:
+        kind = (tensor_dtype, name.endswith("_scale_inv"))
+        if kind not in pools:
+          pools[kind] = _GaussianPool(rng, tensor_dtype, positive=kind[1])
+        for piece in pools[kind].values(int(np.prod(shape))):
           f.write(piece.tobytes())
         weight_map[name] = file_name
-        total += int(np.prod(shape)) * dtype.itemsize
+        total += int(np.prod(shape)) * tensor_dtype.itemsize
   with open(os.path.join(output_dir, "model.safetensors.index.json"), "w") as f:
     json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f)
   with open(os.path.join(output_dir, "config.json"), "w") as f:
@@ -160,9 +169,86 @@ def llama_shapes(config: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
   return _decoder_shapes(config, mlp)
 
 
+FP8_BLOCK = 128
+
+
+def deepseek3_fp8_config(*, moe_layers: int, experts: int, vocab: int) -> dict:
+  """DeepSeek V3's dimensions (hidden 7168, 128 heads, MLA ranks 1536 / 512, experts of 2048, 1 shared, 1 dense
+  layer first), with fewer experts, layers and vocab so that it fits a benchmark; FP8 in 128x128 blocks."""
+  return {
+      "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "hidden_size": 7168,
+      "intermediate_size": 18432, "moe_intermediate_size": 2048, "num_hidden_layers": 1 + moe_layers,
+      "num_attention_heads": 128, "num_key_value_heads": 128, "n_shared_experts": 1, "n_routed_experts": experts,
+      "routed_scaling_factor": 2.5, "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_rope_head_dim": 64,
+      "v_head_dim": 128, "qk_nope_head_dim": 128, "n_group": 8, "topk_group": 4, "num_experts_per_tok": 8,
+      "first_k_dense_replace": 1, "norm_topk_prob": True, "scoring_func": "sigmoid", "topk_method": "noaux_tc",
+      "moe_layer_freq": 1, "num_nextn_predict_layers": 0, "vocab_size": vocab, "rms_norm_eps": 1e-6,
+      "rope_theta": 10000, "max_position_embeddings": 163840, "tie_word_embeddings": False,
+      "rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096, "beta_fast": 32,
+                       "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0},
+      "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                              "weight_block_size": [FP8_BLOCK, FP8_BLOCK]},
+      "torch_dtype": "bfloat16",
+  }
+
+
+def deepseek3_fp8_for_bytes(target_bytes: int, itemsize: int = 1) -> dict:
+  """As many 32-expert MoE layers as fit `target_bytes` of FP8 weights (vocab 16384)."""
+  del itemsize
+  experts, vocab = 32, 16384
+  per_moe_layer = sum(math.prod(s) for _, s, _ in _deepseek_layer(deepseek3_fp8_config(moe_layers=1, experts=experts,
+                                                                                        vocab=vocab), 1))
+  fixed = 2 * vocab * 7168 * 2 + sum(math.prod(s) for _, s, _ in _deepseek_layer(
+      deepseek3_fp8_config(moe_layers=1, experts=experts, vocab=vocab), 0))
+  return deepseek3_fp8_config(moe_layers=max(1, round((target_bytes - fixed) / per_moe_layer)), experts=experts,
+                              vocab=vocab)
+
+
+def _fp8(name: str, shape: tuple[int, int]) -> Iterator[tuple[str, tuple[int, ...], np.dtype]]:
+  yield name, shape, np.dtype(ml_dtypes.float8_e4m3fn)
+  yield name + "_scale_inv", tuple(math.ceil(d / FP8_BLOCK) for d in shape), np.dtype(np.float32)
+
+
+def _deepseek_layer(config: dict, i: int) -> Iterator[tuple[str, tuple[int, ...], np.dtype]]:
+  E, H, bf16 = config["hidden_size"], config["num_attention_heads"], np.dtype(ml_dtypes.bfloat16)
+  q, kv, nope, rope, v = (config[k] for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+                                              "v_head_dim"))
+  p = f"model.layers.{i}"
+  yield f"{p}.input_layernorm.weight", (E,), bf16
+  yield f"{p}.post_attention_layernorm.weight", (E,), bf16
+  yield from _fp8(f"{p}.self_attn.q_a_proj.weight", (q, E))
+  yield f"{p}.self_attn.q_a_layernorm.weight", (q,), bf16
+  yield from _fp8(f"{p}.self_attn.q_b_proj.weight", (H * (nope + rope), q))
+  yield from _fp8(f"{p}.self_attn.kv_a_proj_with_mqa.weight", (kv + rope, E))
+  yield f"{p}.self_attn.kv_a_layernorm.weight", (kv,), bf16
+  yield from _fp8(f"{p}.self_attn.kv_b_proj.weight", (H * (nope + v), kv))
+  yield from _fp8(f"{p}.self_attn.o_proj.weight", (E, H * v))
+  if i < config["first_k_dense_replace"]:
+    M = config["intermediate_size"]
+    for proj, shape in (("gate_proj", (M, E)), ("up_proj", (M, E)), ("down_proj", (E, M))):
+      yield from _fp8(f"{p}.mlp.{proj}.weight", shape)
+    return
+  X, M = config["n_routed_experts"], config["moe_intermediate_size"]
+  yield f"{p}.mlp.gate.weight", (X, E), bf16
+  yield f"{p}.mlp.gate.e_score_correction_bias", (X,), np.dtype(np.float32)
+  for expert in [f"experts.{e}" for e in range(X)] + ["shared_experts"]:
+    for proj, shape in (("gate_proj", (M, E)), ("up_proj", (M, E)), ("down_proj", (E, M))):
+      yield from _fp8(f"{p}.mlp.{expert}.{proj}.weight", shape)
+
+
+def deepseek3_fp8_shapes(config: dict) -> Iterator[tuple[str, tuple[int, ...], np.dtype]]:
+  bf16 = np.dtype(ml_dtypes.bfloat16)
+  yield "model.embed_tokens.weight", (config["vocab_size"], config["hidden_size"]), bf16
+  for i in range(config["num_hidden_layers"]):
+    yield from _deepseek_layer(config, i)
+  yield "model.norm.weight", (config["hidden_size"],), bf16
+  yield "lm_head.weight", (config["vocab_size"], config["hidden_size"]), bf16
+
+
 FAMILIES = {
     "qwen3_moe": (qwen3_moe_for_bytes, qwen3_moe_shapes),
     "llama": (llama_for_bytes, llama_shapes),
+    "deepseek3_fp8": (deepseek3_fp8_for_bytes, deepseek3_fp8_shapes),
 }
 
 

@@ -147,6 +147,16 @@ TINY_MODELS: dict[str, TinyModelSpec] = {
 }
 
 
+def config_json(name: str) -> dict[str, Any]:
+  """The tiny model's config.json exactly as `save_pretrained` writes it, without building any weights."""
+  import json  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+
+  spec = TINY_MODELS[name]
+  config = getattr(transformers, spec.config_class)(**spec.config)
+  return dict(json.loads(config.to_json_string(use_diff=True)), architectures=[spec.model_class])
+
+
 def randomize_parameters(model: Any, seed: int) -> None:
   """Weights ~ N(0, 0.05^2); 1-D norm scales ~ 1 + N(0, 0.2^2); DeepSeek's routing bias ~ N(0, 0.3^2), large
   enough to change which experts are chosen. Saved buffers are randomized like parameters."""

@@ -17,7 +17,7 @@ from converter.model_config import ModelConfig
 
 def _discover() -> tuple[Family, ...]:
   found = []
-  for module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
+  for module in sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.endswith("_test")):
     family = getattr(importlib.import_module(f"{__name__}.{module}"), "FAMILY", None)
     if isinstance(family, Family):
       found.append(family)

@@ -165,11 +165,6 @@ def _check(cfg: ModelConfig, target: str) -> list[str]:
     groups = cfg.get("n_group") or 1
     if d["X"] % groups:
       raise ConversionError(f"{cfg.path}: n_routed_experts={d['X']} is not a multiple of n_group={groups}")
-  scaling = common.rope_parameters(cfg)
-  if scaling.get("mscale") and scaling.get("mscale_all_dim") and scaling["mscale"] != scaling["mscale_all_dim"]:
-    warnings.append(f"{cfg.path}: YaRN mscale={scaling['mscale']} differs from mscale_all_dim="
-                    f"{scaling['mscale_all_dim']}; MaxText's latent attention has a single mscale (set to"
-                    " mscale_all_dim), so logits will differ")
   if cfg.num_kv_heads != cfg.num_heads:
     warnings.append(f"{cfg.path}: num_key_value_heads={cfg.num_kv_heads} differs from num_attention_heads; latent"
                     " attention has one key/value per query head, so it is ignored")

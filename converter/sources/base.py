@@ -73,6 +73,10 @@ class TensorSource(Protocol):
   def files(self) -> Sequence[str]:
     ...
 
+  @property
+  def quant_method(self) -> str | None:
+    """config.json's quantization_config.quant_method the source dequantizes ("fp8", "mxfp4"), or None."""
+
 
 @dataclasses.dataclass(frozen=True)
 class QuantizedSource:

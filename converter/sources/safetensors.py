@@ -190,6 +190,8 @@ class SafetensorsSource:
   location: str
   tensors: Mapping[str, TensorInfo]
 
+  quant_method = None
+
   @property
   def files(self) -> list[str]:
     return sorted({t.path for t in self.tensors.values()})

@@ -14,21 +14,25 @@ Logits (default)::
 
   1. builds MaxText's config (base.yml + configs/models/<model_name>.yml, override_model_config=True,
      hardware=cpu, attention=dot_product, dtype=weight_dtype=float32, the JSON overrides on top);
-  2. compares the checkpoint's stored tree (paths, shapes) with MaxText's abstract parameter tree
-     EXACTLY and fails on any difference (MaxText's own loader is lenient: it tiles, transposes and
-     ignores extra leaves), unless --allow_tree_mismatch;
-  3. loads the params with MaxText's own loader
-     ``maxtext.utils.model_creation_utils.setup_decode_state_from_nnx`` (the linen
-     ``setup_decode_state`` path is broken in 0.2.5);
-  4. runs ``model.apply(params, ids, positions=arange, decoder_segment_ids=ones,
-     enable_dropout=False, model_mode="train")`` in float32 and saves logits [batch, seq, vocab].
+  2. compares the checkpoint's stored tree (paths, shapes) EXACTLY with everything MaxText's NNX loader
+     restores from it and fails on any difference (the loader itself is lenient: it tiles, transposes
+     and ignores extra leaves), unless --allow_tree_mismatch. What it restores is the NNX model state
+     minus run-time variables: every ``nnx.Param`` plus non-Param weights such as DeepSeek V3's
+     ``MoEBiasVar`` gate bias;
+  3. loads the model with MaxText's own NNX loader ``maxtext.utils.model_creation_utils.from_pretrained``
+     (from ``load_parameters_path``, train mode);
+  4. calls that NNX model directly, ``model(ids, positions=arange, decoder_segment_ids=ones,
+     enable_dropout=False, model_mode="train")``, in float32 and saves logits [batch, seq, vocab].
+     Not ``setup_decode_state_from_nnx`` + linen ``model.apply``: that path keeps only ``nnx.Param``,
+     so DeepSeek V3 would run without its ``MoEBiasVar`` gate bias.
 
 Param tree::
 
   python maxtext_logits.py --print_param_tree --model_name=qwen3-8b --overrides='{...}'
 
-  prints MaxText's abstract parameter tree (what its loader restores, i.e. the tree expected under
-  ``items/params/params``) without reading any checkpoint: one ``path shape dtype`` line per leaf.
+  prints what MaxText's NNX loader restores (the tree expected under ``items/params/params``) without
+  reading any checkpoint: one ``path shape dtype`` line per leaf, followed by the variable class for
+  leaves that are not ``nnx.Param`` (e.g. ``MoEBiasVar``).
 
 --overrides takes a JSON object, or @path to a JSON file. Keys are MaxText config keys
 (base_emb_dim, base_num_query_heads, base_num_kv_heads, head_dim, base_mlp_dim,
@@ -123,60 +127,66 @@ def _keystr(path) -> str:
   return "/".join(parts)
 
 
-def _flatten(tree) -> dict:
-  import jax  # pylint: disable=import-outside-toplevel
+def loader_tree(config, mesh) -> dict:
+  """{path: (shape, dtype, variable class)} of everything MaxText's NNX loader restores from a checkpoint.
 
-  flat = {}
-  for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-    key = _keystr(path)
-    if key.endswith("/value"):  # nnx.Variable / LogicallyPartitioned box
-      key = key[: -len("/value")]
-    flat[key] = (tuple(leaf.shape), str(np.dtype(leaf.dtype)) if hasattr(leaf, "dtype") else "?")
-  return flat
-
-
-def abstract_param_trees(config, mesh):
-  """(nnx_tree, linen_tree): {path: (shape, dtype)} for the loader's NNX model and the linen apply model."""
-  import jax  # pylint: disable=import-outside-toplevel
+  Mirrors ``model_creation_utils.from_pretrained`` (MaxText 0.2.5): it builds the abstract NNX model with
+  ``create_nnx_abstract_model`` in the mode it is given and, for a ``params/params`` checkpoint, requests every
+  state variable except run-time ones (``sharded_state.filter(... not RngState/Cache/Intermediate/BatchStat)``,
+  utils/model_creation_utils.py:1010) at its NNX state path under ``params/params``. So non-Param weights such as
+  DeepSeek V3's ``MoEBiasVar`` gate bias (layers/moe.py:640) must be in the checkpoint at exactly these paths and
+  shapes; ``nnx.state(model, nnx.Param)`` alone would miss them.
+  """
   from flax import nnx  # pylint: disable=import-outside-toplevel
-  from maxtext.common.common_types import MODEL_MODE_AUTOREGRESSIVE  # pylint: disable=import-outside-toplevel
+  from maxtext.common.common_types import MODEL_MODE_TRAIN  # pylint: disable=import-outside-toplevel
   from maxtext.utils import model_creation_utils  # pylint: disable=import-outside-toplevel
 
-  # setup_decode_state_from_nnx -> from_pretrained restores into an NNX model built in autoregressive mode.
-  _, abstract_model = model_creation_utils.create_nnx_abstract_model(config, mesh, model_mode=MODEL_MODE_AUTOREGRESSIVE)
-  nnx_tree = _flatten(nnx.state(abstract_model, nnx.Param))
-
-  model = model_creation_utils.from_config(config, mesh=mesh)
-  ids = np.ones((1, 8), np.int32)
-  keys = {"params": jax.random.PRNGKey(0), "dropout": jax.random.PRNGKey(1), "aqt": jax.random.PRNGKey(2)}
-  linen_vars = jax.eval_shape(lambda: model.init(keys, ids, ids))
-  linen_tree = {k[len("params/") :]: v for k, v in _flatten(linen_vars).items() if k.startswith("params/")}
-  return nnx_tree, linen_tree
+  _, abstract_model = model_creation_utils.create_nnx_abstract_model(config, mesh, model_mode=MODEL_MODE_TRAIN)
+  restored = nnx.state(abstract_model).filter(
+      lambda path, var: not isinstance(var, (nnx.RngState, nnx.Cache, nnx.Intermediate, nnx.BatchStat))
+  )
+  tree = {}
+  for path, var in nnx.to_flat_state(restored):
+    leaf = var.get_value()
+    tree["/".join(str(k) for k in path)] = (tuple(leaf.shape), str(np.dtype(leaf.dtype)), type(var).__name__)
+  return tree
 
 
 def format_tree(tree: dict) -> str:
-  return "\n".join(f"{path} {tuple(shape)} {dtype}" for path, (shape, dtype) in sorted(tree.items()))
+  """One ``path shape dtype`` line per leaf, plus the variable class where it is not ``nnx.Param``."""
+  lines = []
+  for path, (shape, dtype, kind) in sorted(tree.items()):
+    lines.append(f"{path} {tuple(shape)} {dtype}" + ("" if kind == "Param" else f" {kind}"))
+  return "\n".join(lines)
 
 
-def checkpoint_tree(items_path: str) -> dict:
-  """{path: (shape, dtype)} of the leaves stored under items/params/params."""
+def checkpoint_tree(items_path: str) -> tuple[dict, dict]:
+  """({path: (shape, dtype)} under items/params/params, {path: (shape, dtype)} of the rest of items/params).
+
+  MaxText reads a checkpoint of this layout only from ``params/params`` (``item_to_restore``,
+  utils/model_creation_utils.py:1030), so a leaf elsewhere under ``params``, e.g. a ``params/MoEBiasVar/...``
+  collection, is never loaded. The other TrainState fields beside ``params`` (``step``, ``opt_state``) hold no
+  weights and are not returned.
+  """
+  import jax  # pylint: disable=import-outside-toplevel
   import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
 
   meta = ocp.PyTreeCheckpointer().metadata(os.path.abspath(items_path))
   tree = getattr(meta, "item_metadata", meta)
   tree = getattr(tree, "tree", tree)
-  try:
-    params = tree["params"]["params"]
-  except (KeyError, TypeError) as e:
-    raise SystemExit(f"{items_path}: no params/params subtree in the checkpoint ({e!r})") from e
-  import jax  # pylint: disable=import-outside-toplevel
-
-  flat = {}
-  for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+  inside, outside = {}, {}
+  for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+    key = _keystr(path)
     shape = tuple(getattr(leaf, "shape", ()) or ())
     dtype = getattr(leaf, "dtype", None)
-    flat[_keystr(path)] = (shape, str(np.dtype(dtype)) if dtype is not None else "?")
-  return flat
+    entry = (shape, str(np.dtype(dtype)) if dtype is not None else "?")
+    if key.startswith("params/params/"):
+      inside[key[len("params/params/") :]] = entry
+    elif key.startswith("params/"):
+      outside[key] = entry
+  if not inside:
+    raise SystemExit(f"{items_path}: no leaves under params/params (stored: {', '.join(sorted(outside)) or 'none'})")
+  return inside, outside
 
 
 def compare_trees(expected: dict, actual: dict) -> list[str]:
@@ -191,21 +201,24 @@ def compare_trees(expected: dict, actual: dict) -> list[str]:
   return problems
 
 
+def tree_problems(expected: dict, items_path: str) -> list[str]:
+  """Every difference between what the loader restores (`expected`) and what the checkpoint stores."""
+  stored, elsewhere = checkpoint_tree(items_path)
+  problems = compare_trees(expected, stored)
+  for k, (shape, _) in sorted(elsewhere.items()):
+    problems.append(f"in checkpoint outside params/params (MaxText ignores it): {k} {shape}")
+  return problems
+
+
 def run_print_tree(args, overrides):
   import jax  # pylint: disable=import-outside-toplevel
   from maxtext.utils import maxtext_utils  # pylint: disable=import-outside-toplevel
 
   config = build_config(args.model_name, overrides, batch=1, seq=args.seq_len)
   mesh = maxtext_utils.get_mesh_from_config(config, jax.devices()[:1])
-  nnx_tree, linen_tree = abstract_param_trees(config, mesh)
   print(f"# model_name={args.model_name} scan_layers={config.scan_layers} decoder_block={config.decoder_block}")
   print(f"# overrides={json.dumps(overrides, sort_keys=True)}")
-  print(format_tree(nnx_tree))
-  diff = compare_trees(nnx_tree, linen_tree)
-  if diff:
-    print("# NOTE: linen apply tree differs from the loader's NNX tree:")
-    for line in diff:
-      print("#   " + line.replace("checkpoint", "linen"))
+  print(format_tree(loader_tree(config, mesh)))
   return 0
 
 
@@ -213,6 +226,7 @@ def run_logits(args, overrides):
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   from flax.linen import partitioning as nn_partitioning  # pylint: disable=import-outside-toplevel
+  from maxtext.common.common_types import MODEL_MODE_TRAIN  # pylint: disable=import-outside-toplevel
   from maxtext.utils import maxtext_utils, model_creation_utils  # pylint: disable=import-outside-toplevel
 
   for name in ("checkpoint", "token_ids", "output"):
@@ -236,42 +250,38 @@ def run_logits(args, overrides):
   mesh = maxtext_utils.get_mesh_from_config(config, jax.devices()[:1])
 
   if not args.skip_tree_check:
-    nnx_tree, _ = abstract_param_trees(config, mesh)
-    problems = compare_trees(nnx_tree, checkpoint_tree(args.checkpoint))
+    expected = loader_tree(config, mesh)
+    problems = tree_problems(expected, args.checkpoint)
     for line in problems:
       print(f"[maxtext_logits] TREE: {line}", file=sys.stderr)
     if problems and not args.allow_tree_mismatch:
       print(
-          f"[maxtext_logits] {len(problems)} tree difference(s) between the checkpoint and MaxText's model; "
-          "refusing to run (MaxText's loader would silently tile/transpose/ignore). --allow_tree_mismatch to run anyway.",
+          f"[maxtext_logits] {len(problems)} tree difference(s) between the checkpoint and what MaxText's loader "
+          "restores; refusing to run (the loader would silently tile/transpose/ignore, or crash on a missing leaf). "
+          "--allow_tree_mismatch to run anyway.",
           file=sys.stderr,
       )
       return 3
     if not problems:
-      print(f"[maxtext_logits] tree check: {len(nnx_tree)} leaves, paths and shapes match exactly", file=sys.stderr)
+      kinds = ", ".join(sorted({kind for _, _, kind in expected.values()}))
+      print(f"[maxtext_logits] tree check: {len(expected)} leaves ({kinds}), paths and shapes match exactly",
+            file=sys.stderr)
 
-  model = model_creation_utils.from_config(config, mesh=mesh)
-  with mesh, nn_partitioning.axis_rules(config.logical_axis_rules):
-    state, _ = model_creation_utils.setup_decode_state_from_nnx(model, config, jax.random.PRNGKey(0), mesh)
-    params = state.params
+  # Run the loaded NNX model itself: linen params made from its state keep only nnx.Param.
+  with jax.set_mesh(mesh), nn_partitioning.axis_rules(config.logical_axis_rules):
+    model = model_creation_utils.from_pretrained(config, mesh=mesh, model_mode=MODEL_MODE_TRAIN)
     tokens = jnp.asarray(ids)
     positions = jnp.broadcast_to(jnp.arange(seq, dtype=jnp.int32)[None, :], (batch, seq))
     segment_ids = jnp.ones((batch, seq), dtype=jnp.int32)
-    logits = model.apply(
-        params,
-        tokens,
-        positions,
-        decoder_segment_ids=segment_ids,
-        enable_dropout=False,
-        model_mode="train",
-        rngs={"aqt": jax.random.PRNGKey(0)},
-    )
+    logits = model(tokens, positions, decoder_segment_ids=segment_ids, enable_dropout=False,
+                   model_mode=MODEL_MODE_TRAIN)
   logits = np.asarray(jax.device_get(logits), dtype=np.float32)
   if args.keep_padded_vocab is False and args.vocab and logits.shape[-1] > args.vocab:
     logits = logits[..., : args.vocab]
   os.makedirs(os.path.dirname(os.path.abspath(args.output)) or ".", exist_ok=True)
   np.save(args.output, logits)
-  print(f"[maxtext_logits] wrote {args.output} {logits.shape} finite={bool(np.isfinite(logits).all())}", file=sys.stderr)
+  print(f"[maxtext_logits] wrote {args.output} {logits.shape} finite={bool(np.isfinite(logits).all())}",
+        file=sys.stderr)
 
   if args.reference:
     ref = np.load(args.reference).astype(np.float32)

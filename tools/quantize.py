@@ -1,0 +1,147 @@
+"""Quantizes an HF checkpoint the way DeepSeek (FP8 with block scales) and GPT-OSS (MXFP4) ship theirs, and
+dequantizes one back, with plain numpy: test fixtures and the independent reference the converter's sources are
+checked against (nothing here is shared with converter/sources/).
+
+  FP8: every weight named by `fp8_weights` becomes F8_E4M3 plus `<name>_scale_inv` (F32, one multiplier per
+  block of `block` values, the last block on an axis possibly partial); config.json gets
+  quantization_config {quant_method: fp8, fmt: e4m3, weight_block_size: block}.
+  MXFP4: every `*.mlp.experts.{gate_up,down}_proj` (HF's (experts, in, out)) becomes `<name>_blocks` (U8, two e2m1
+  values per byte, low nibble first, stored (out, in / 32, 16)) plus `<name>_scales` (U8 exponents + 127);
+  config.json gets quantization_config {quant_method: mxfp4}.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from typing import Callable, Mapping
+
+import ml_dtypes
+import numpy as np
+
+from converter.sources import open_safetensors
+from tools.safetensors_writer import write_safetensors
+
+FP8_MAX = 448.0  # Largest finite float8_e4m3fn.
+E2M1_VALUES = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0],
+                       np.float32)
+# DeepSeek V3's FP8 checkpoints: every projection of attention, the indexer and the MLPs; not the router, norms,
+# embeddings, lm_head or the indexer's weights_proj.
+DEEPSEEK_FP8_WEIGHTS = re.compile(r".*\.(self_attn|mlp)\..*_proj(_with_mqa)?\.weight$|.*\.indexer\.(wq_b|wk)\.weight$")
+DEEPSEEK_FP8_EXCLUDED = re.compile(r".*(weights_proj|mlp\.gate)\.weight$")
+GPT_OSS_MXFP4_WEIGHTS = re.compile(r".*\.mlp\.experts\.(gate_up_proj|down_proj)$")
+
+
+def fp8_block_quantize(w: np.ndarray, block: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+  """(F8_E4M3 values, float32 scale per block) with `w ~= float32(values) * scale` blockwise."""
+  rows, cols = w.shape
+  br, bc = block
+  scales = np.zeros((math.ceil(rows / br), math.ceil(cols / bc)), np.float32)
+  values = np.zeros(w.shape, ml_dtypes.float8_e4m3fn)
+  for i in range(scales.shape[0]):
+    for j in range(scales.shape[1]):
+      tile = w[i * br:(i + 1) * br, j * bc:(j + 1) * bc].astype(np.float32)
+      scale = max(float(np.abs(tile).max()) / FP8_MAX, 1e-12)
+      scales[i, j] = scale
+      values[i * br:(i + 1) * br, j * bc:(j + 1) * bc] = (tile / scale).astype(ml_dtypes.float8_e4m3fn)
+  return values, scales
+
+
+def fp8_dequantize(values: np.ndarray, scales: np.ndarray, block: tuple[int, int]) -> np.ndarray:
+  """float32(values) * scale of each element's block, in float32 (np.repeat, then cropped to the weight)."""
+  rows, cols = values.shape
+  expanded = np.repeat(np.repeat(scales.astype(np.float32), block[0], axis=0), block[1], axis=1)[:rows, :cols]
+  return values.astype(np.float32) * expanded
+
+
+def mxfp4_pack(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """HF's (..., in, out) float weight -> (blocks U8 (..., out, in/32, 16), scales U8 (..., out, in/32)), each value
+  rounded to the nearest e2m1 number times its group's power of two."""
+  stored = np.swapaxes(w.astype(np.float32), -1, -2)  # (..., out, in)
+  groups = stored.reshape(stored.shape[:-1] + (-1, 32))
+  peak = np.abs(groups).max(axis=-1, keepdims=True)
+  exponent = np.where(peak > 0, np.ceil(np.log2(np.maximum(peak, 1e-30) / 6.0)), 0).astype(np.int32)
+  scaled = groups / np.exp2(exponent)
+  codes = np.abs(scaled[..., None] - E2M1_VALUES).argmin(axis=-1).astype(np.uint8)
+  blocks = (codes[..., 0::2] | (codes[..., 1::2] << 4)).astype(np.uint8)
+  return blocks, (exponent[..., 0] + 127).astype(np.uint8)
+
+
+def mxfp4_dequantize(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
+  """(blocks, scales) -> HF's (..., in, out) float32 weight: low nibble first, times 2^(scale - 127)."""
+  low, high = E2M1_VALUES[blocks & 0x0F], E2M1_VALUES[blocks >> 4]
+  values = np.stack([low, high], axis=-1).reshape(blocks.shape[:-1] + (32,))
+  values = values * np.exp2(scales.astype(np.float32) - 127)[..., None]
+  return np.swapaxes(values.reshape(blocks.shape[:-2] + (-1,)), -1, -2)
+
+
+def load_tensors(model_dir: str) -> dict[str, np.ndarray]:
+  """Every stored tensor as stored (F8 and U8 included, which `safetensors.numpy` cannot load)."""
+  source = open_safetensors(model_dir)
+  return {name: tensor.read() for name, tensor in source.tensors.items()}
+
+
+def _load(model_dir: str) -> tuple[dict, dict[str, np.ndarray]]:
+  with open(os.path.join(model_dir, "config.json")) as f:
+    config = json.load(f)
+  return config, load_tensors(model_dir)
+
+
+def _save(model_dir: str, config: dict, tensors: Mapping[str, np.ndarray]) -> str:
+  os.makedirs(model_dir, exist_ok=True)
+  write_safetensors(os.path.join(model_dir, "model.safetensors"), tensors, {"format": "pt"})
+  with open(os.path.join(model_dir, "config.json"), "w") as f:
+    json.dump(config, f, indent=2)
+  return model_dir
+
+
+def quantize_fp8(model_dir: str, output_dir: str, block: tuple[int, int],
+                 selects: Callable[[str], bool] | None = None) -> str:
+  """`model_dir` with its projection weights in FP8 block format (DeepSeek V3's by default)."""
+  selects = selects or (lambda n: bool(DEEPSEEK_FP8_WEIGHTS.match(n)) and not DEEPSEEK_FP8_EXCLUDED.match(n))
+  config, tensors = _load(model_dir)
+  out: dict[str, np.ndarray] = {}
+  for name, tensor in tensors.items():
+    if selects(name) and tensor.ndim == 2:
+      out[name], out[name + "_scale_inv"] = fp8_block_quantize(tensor, block)
+    else:
+      out[name] = tensor
+  config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                   "weight_block_size": list(block)}
+  return _save(output_dir, config, out)
+
+
+def quantize_mxfp4(model_dir: str, output_dir: str) -> str:
+  """`model_dir` with its fused expert weights packed as MXFP4 (the openai/gpt-oss-* format)."""
+  config, tensors = _load(model_dir)
+  out: dict[str, np.ndarray] = {}
+  for name, tensor in tensors.items():
+    if GPT_OSS_MXFP4_WEIGHTS.match(name):
+      out[name + "_blocks"], out[name + "_scales"] = mxfp4_pack(tensor)
+    else:
+      out[name] = tensor
+  config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+      "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+  return _save(output_dir, config, out)
+
+
+def dequantize(model_dir: str, output_dir: str, dtype=np.float32) -> str:
+  """A quantized checkpoint (either format) back to plain floating tensors in `dtype`, without
+  quantization_config: what transformers runs as the reference for a quantized conversion."""
+  config, tensors = _load(model_dir)
+  quantization = config.pop("quantization_config")
+  out: dict[str, np.ndarray] = {}
+  for name, tensor in tensors.items():
+    if name.endswith(("_scale_inv", "_scales")):
+      continue
+    if name + "_scale_inv" in tensors:
+      block = tuple(quantization["weight_block_size"])
+      out[name] = fp8_dequantize(tensor, tensors[name + "_scale_inv"], block).astype(dtype)
+    elif name.endswith("_blocks"):
+      base = name[: -len("_blocks")]
+      out[base] = mxfp4_dequantize(tensor, tensors[base + "_scales"]).astype(dtype)
+    else:
+      out[name] = tensor.astype(dtype) if tensor.dtype != dtype else tensor
+  return _save(output_dir, config, out)
