@@ -216,7 +216,8 @@ class _Sources:
     self._dtype = save_dtype
     self.used: set[str] = set()
 
-  def load(self, name: str, expected_shape: Shape, ops: tuple[Op, ...], lead: tuple[int, ...] = ()) -> tuple[FromTensor, Shape]:
+  def load(self, name: str, expected_shape: Shape, ops: tuple[Op, ...],
+           lead: tuple[int, ...] = ()) -> tuple[FromTensor, Shape]:
     tensor = self._source.tensors.get(name)
     if tensor is None:
       raise ConversionError(

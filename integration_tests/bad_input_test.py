@@ -55,17 +55,7 @@ class BadInputTest(absltest.TestCase):
     return path
 
   def assert_refused(self, model_dir: str, *expected: str, flags: tuple[str, ...] = (), out: str | None = None):
-    out = out or harness.scratch_dir("out-")
-    result = harness.run_converter(f"--hf_model_path={model_dir}", f"--output_dir={out}",
-                                   "--simulated_cpu_devices_count=1", *flags, check=False)
-    self.assertEqual(result.returncode, 1, result.stderr[-2000:])
-    error_lines = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
-    self.assertLen(error_lines, 1, result.stderr[-2000:])
-    for text in expected:
-      self.assertIn(text, error_lines[0])
-    self.assertNotIn("Traceback", result.stderr)
-    self.assertEqual(harness.committed_files(out), [])
-    return error_lines[0]
+    return harness.assert_refused(self, model_dir, *expected, flags=flags, out=out)
 
   def test_missing_config(self):
     path = self.variant(drop_config=True)

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from typing import Any
 
 import converter
 
@@ -42,6 +43,23 @@ def run_converter(*flags: str, check: bool = True) -> subprocess.CompletedProces
   if check and result.returncode != 0:
     raise AssertionError(f"converter {' '.join(flags)} failed ({result.returncode}):\n{result.stderr[-4000:]}")
   return result
+
+
+def assert_refused(test: Any, model_dir: str, *expected: str, flags: tuple[str, ...] = (),
+                   out: str | None = None) -> str:
+  """Converting `model_dir` exits 1 with exactly one `error:` line holding every `expected` text, no traceback and
+  nothing that looks committed; returns that line."""
+  out = out or scratch_dir("out-")
+  result = run_converter(f"--hf_model_path={model_dir}", f"--output_dir={out}", "--simulated_cpu_devices_count=1",
+                         *flags, check=False)
+  test.assertEqual(result.returncode, 1, result.stderr[-2000:])
+  error_lines = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+  test.assertLen(error_lines, 1, result.stderr[-2000:])
+  for text in expected:
+    test.assertIn(text, error_lines[0])
+  test.assertNotIn("Traceback", result.stderr)
+  test.assertEqual(committed_files(out), [])
+  return error_lines[0]
 
 
 def committed_files(output_dir: str) -> list[str]:

@@ -220,7 +220,7 @@ def _indexer_mask(layer: Mapping[str, Any], x: jax.Array, low_rank_q: jax.Array,
 def mla_attention(layer: Mapping[str, Any], x: jax.Array, positions: jax.Array, runtime: Runtime) -> jax.Array:
   """DeepSeek's multi-head latent attention: low-rank queries and a compressed shared key/value latent."""
   cfg = runtime.config
-  eps, nope, rope_dim, v_dim = cfg.normalization_layer_epsilon, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
+  eps, nope, rope_dim = cfg.normalization_layer_epsilon, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim
   low_rank_q = None
   if cfg.q_lora_rank:
     low_rank_q = rms_norm(x @ layer["wq_a"]["kernel"], layer["q_norm"]["scale"], eps)
@@ -241,7 +241,6 @@ def mla_attention(layer: Mapping[str, Any], x: jax.Array, positions: jax.Array, 
   if cfg.use_indexer:
     mask = _indexer_mask(layer["indexer"], x, low_rank_q, positions, frequencies, mask, cfg)[:, None]
   out = _softmax_attention(q, k, v, mask, _mla_softmax_scale(cfg))
-  assert out.shape[-1] == v_dim
   return jnp.einsum("bshd,hde->bse", out, layer["out"]["kernel"])
 
 

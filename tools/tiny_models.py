@@ -165,8 +165,9 @@ def randomize_parameters(model: Any, seed: int) -> None:
   generator = torch.Generator().manual_seed(seed)
   tensors = dict(model.named_parameters())
   for module_name, module in model.named_modules():
+    saved = set(module.state_dict(keep_vars=True))  # Persistent buffers only, not rotary caches.
     for name, buffer in module.named_buffers(recurse=False):
-      if name not in module._non_persistent_buffers_set and buffer.is_floating_point():  # pylint: disable=protected-access
+      if name in saved and buffer.is_floating_point():
         tensors[f"{module_name}.{name}" if module_name else name] = buffer
   with torch.no_grad():
     for name, tensor in sorted(tensors.items()):

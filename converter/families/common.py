@@ -64,7 +64,8 @@ def embeddings(cfg: ModelConfig, target_vocab: int, rules: WeightRules = WeightR
       Param("decoder/decoder_norm/scale", f"{model}.norm.weight", (E,), rules.norm()),
   ]
   if not cfg.tie_word_embeddings:
-    params.append(Param("decoder/logits_dense/kernel", lm_head, (V, E), (ops.Transpose(), ops.PadColumns(target_vocab))))
+    params.append(Param("decoder/logits_dense/kernel", lm_head, (V, E),
+                        (ops.Transpose(), ops.PadColumns(target_vocab))))
   return tuple(params)
 
 
@@ -224,8 +225,9 @@ def yarn_rope(cfg: ModelConfig, warnings: list[str], *, latent_attention: bool) 
   scaling = rope_parameters(cfg)
   max_positions = int(cfg.get("max_position_embeddings") or 4096)
   if rope_kind(scaling) == "default":
-    return {"rope_factor": 1, "original_max_position_embeddings": max_positions, "max_position_embeddings": max_positions,
-            "rope_attention_scaling": False, **({"mscale": 1.0} if latent_attention else {})}
+    return {"rope_factor": 1, "original_max_position_embeddings": max_positions,
+            "max_position_embeddings": max_positions, "rope_attention_scaling": False,
+            **({"mscale": 1.0} if latent_attention else {})}
   if rope_kind(scaling) != "yarn":
     raise ConversionError(f"{cfg.path}: rope scaling {scaling}; MaxText's decoder for this family runs YaRN only")
   original = int(scaling.get("original_max_position_embeddings") or cfg.require("original_max_position_embeddings"))
@@ -273,7 +275,8 @@ def sandwich_norms(cfg: ModelConfig, rules: WeightRules, decoder: Decoder, suffi
                 decoder.post_mlp_norm: "post_feedforward_layernorm"}
   else:
     hf_names = {decoder.pre_attention_norm: "input_layernorm", decoder.pre_mlp_norm: "post_attention_layernorm"}
-  return tuple(Param(f"{name}{suffix}/scale", f"{LAYER}.{hf}.weight", (E,), rules.norm()) for name, hf in hf_names.items())
+  return tuple(Param(f"{name}{suffix}/scale", f"{LAYER}.{hf}.weight", (E,), rules.norm())
+               for name, hf in hf_names.items())
 
 
 def sandwich_layer(cfg: ModelConfig, rules: WeightRules, decoder: Decoder, *, qk_norm: bool) -> tuple[Param, ...]:

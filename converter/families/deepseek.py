@@ -50,12 +50,14 @@ def _attention(cfg: ModelConfig) -> tuple[Param, ...]:
     query = (
         Param(f"{p}/wq_a/kernel", f"{ATTN}.q_a_proj.weight", (d["q_lora"], E), (ops.Transpose(),)),
         Param(f"{p}/q_norm/scale", f"{ATTN}.q_a_layernorm.weight", (d["q_lora"],)),
-        Param(f"{p}/wq_b/kernel", f"{ATTN}.q_b_proj.weight", (H * qk, d["q_lora"]), ops.to_heads_kernel(d["q_lora"], H, qk)),
+        Param(f"{p}/wq_b/kernel", f"{ATTN}.q_b_proj.weight", (H * qk, d["q_lora"]),
+              ops.to_heads_kernel(d["q_lora"], H, qk)),
     )
   else:
     query = (Param(f"{p}/query/kernel", f"{ATTN}.q_proj.weight", (H * qk, E), ops.to_heads_kernel(E, H, qk)),)
   params = query + (
-      Param(f"{p}/wkv_a/kernel", f"{ATTN}.kv_a_proj_with_mqa.weight", (d["kv_lora"] + d["rope"], E), (ops.Transpose(),)),
+      Param(f"{p}/wkv_a/kernel", f"{ATTN}.kv_a_proj_with_mqa.weight", (d["kv_lora"] + d["rope"], E),
+            (ops.Transpose(),)),
       Param(f"{p}/kv_norm/scale", f"{ATTN}.kv_a_layernorm.weight", (d["kv_lora"],)),
       Param(f"{p}/wkv_b/kernel", f"{ATTN}.kv_b_proj.weight", (H * (d["nope"] + v), d["kv_lora"]),
             ops.to_heads_kernel(d["kv_lora"], H, d["nope"] + v)),
@@ -65,7 +67,8 @@ def _attention(cfg: ModelConfig) -> tuple[Param, ...]:
     Hi, Di = int(cfg.require("index_n_heads")), int(cfg.require("index_head_dim"))
     idx, hf = f"{p}/indexer", f"{ATTN}.indexer"
     params += (
-        Param(f"{idx}/wq_b/kernel", f"{hf}.wq_b.weight", (Hi * Di, d["q_lora"]), ops.to_heads_kernel(d["q_lora"], Hi, Di)),
+        Param(f"{idx}/wq_b/kernel", f"{hf}.wq_b.weight", (Hi * Di, d["q_lora"]),
+              ops.to_heads_kernel(d["q_lora"], Hi, Di)),
         Param(f"{idx}/wk/kernel", f"{hf}.wk.weight", (Di, E), (ops.Transpose(),)),
         Param(f"{idx}/weights_proj/kernel", f"{hf}.weights_proj.weight", (Hi, E), (ops.Transpose(),)),
         Param(f"{idx}/k_norm/scale", f"{hf}.k_norm.weight", (Di,)),

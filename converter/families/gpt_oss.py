@@ -47,7 +47,8 @@ def _layout(cfg: ModelConfig, target: str, target_vocab: int, scan_layers: bool)
 def _overrides(cfg: ModelConfig, warnings: list[str]) -> dict:
   return dict(
       base_moe_mlp_dim=cfg.intermediate_size, num_experts=int(cfg.require("num_local_experts")),
-      num_experts_per_tok=int(cfg.require("num_experts_per_tok")), sliding_window_size=int(cfg.require("sliding_window")),
+      num_experts_per_tok=int(cfg.require("num_experts_per_tok")),
+      sliding_window_size=int(cfg.require("sliding_window")),
       attention_bias=True, rope_interleave=False, mlp_activations_limit=float(cfg.get("swiglu_limit") or 7.0),
       inhomogeneous_layer_cycle_interval=CYCLE, **common.yarn_rope(cfg, warnings, latent_attention=False),
   )

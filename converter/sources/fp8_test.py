@@ -63,7 +63,8 @@ class Fp8SourceTest(parameterized.TestCase):
     tensor = _source({"w.weight": self.values, "w.weight_scale_inv": self.scales}).tensors["w.weight"]
     read = []
     stored_read = safetensors.TensorInfo.read
-    with mock.patch.object(safetensors.TensorInfo, "read", lambda info, *a: read.append(stored_read(info, *a)) or read[-1]):
+    record = lambda info, *args: read.append(stored_read(info, *args)) or read[-1]
+    with mock.patch.object(safetensors.TensorInfo, "read", record):
       tensor.read(np.float32, (slice(130, 140),))  # Ten rows of the second block row.
     self.assertEqual([r.shape for r in read], [(10, 384), (1, 3)])
 

@@ -44,7 +44,8 @@ class Mxfp4SourceTest(absltest.TestCase):
     tensor = _source({"x_blocks": self.blocks, "x_scales": self.scales}).tensors["x"]
     read = []
     stored_read = safetensors.TensorInfo.read
-    with mock.patch.object(safetensors.TensorInfo, "read", lambda info, *a: read.append(stored_read(info, *a)) or read[-1]):
+    record = lambda info, *args: read.append(stored_read(info, *args)) or read[-1]
+    with mock.patch.object(safetensors.TensorInfo, "read", record):
       tensor.read(np.float32, (1, slice(32, 64)))  # One expert, one group of 32 input rows.
     self.assertEqual(sum(r.nbytes for r in read), (self.blocks.nbytes + self.scales.nbytes) // 3 // 3)
 

@@ -225,6 +225,7 @@ def run_print_tree(args, overrides):
 def run_logits(args, overrides):
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  from flax import nnx  # pylint: disable=import-outside-toplevel
   from flax.linen import partitioning as nn_partitioning  # pylint: disable=import-outside-toplevel
   from maxtext.common.common_types import MODEL_MODE_TRAIN  # pylint: disable=import-outside-toplevel
   from maxtext.utils import maxtext_utils, model_creation_utils  # pylint: disable=import-outside-toplevel
@@ -267,14 +268,16 @@ def run_logits(args, overrides):
       print(f"[maxtext_logits] tree check: {len(expected)} leaves ({kinds}), paths and shapes match exactly",
             file=sys.stderr)
 
-  # Run the loaded NNX model itself: linen params made from its state keep only nnx.Param.
+  # Run the loaded NNX model itself (linen params made from its state would keep only nnx.Param), jitted as
+  # MaxText's own NNX callers do: op-by-op it takes ~6x longer (20 s vs 3.3 s for the unscanned tiny Llama 4).
+  @nnx.jit
+  def forward(model, tokens, positions, segment_ids):
+    return model(tokens, positions, decoder_segment_ids=segment_ids, enable_dropout=False, model_mode=MODEL_MODE_TRAIN)
+
   with jax.set_mesh(mesh), nn_partitioning.axis_rules(config.logical_axis_rules):
     model = model_creation_utils.from_pretrained(config, mesh=mesh, model_mode=MODEL_MODE_TRAIN)
-    tokens = jnp.asarray(ids)
     positions = jnp.broadcast_to(jnp.arange(seq, dtype=jnp.int32)[None, :], (batch, seq))
-    segment_ids = jnp.ones((batch, seq), dtype=jnp.int32)
-    logits = model(tokens, positions, decoder_segment_ids=segment_ids, enable_dropout=False,
-                   model_mode=MODEL_MODE_TRAIN)
+    logits = forward(model, jnp.asarray(ids), positions, jnp.ones((batch, seq), dtype=jnp.int32))
   logits = np.asarray(jax.device_get(logits), dtype=np.float32)
   if args.keep_padded_vocab is False and args.vocab and logits.shape[-1] > args.vocab:
     logits = logits[..., : args.vocab]

@@ -7,7 +7,9 @@ scan on and off:
   2. convert it with the real converter (`converter/main.py --save_dtype=float32 --target_model=<name>`);
   3. run `maxtext_logits.py` under MaxText's Python 3.12 venv with exactly the overrides the converter recorded in
      OUT/0/_CHECKPOINT_METADATA (custom_metadata.hf2maxtext.maxtext_overrides) -- the harness adds only run-time
-     settings (cpu, float32, dot_product attention, batch and sequence length) and refuses any tree mismatch;
+     settings (cpu, float32, dot_product attention, batch and sequence length), refuses any difference from the
+     tree MaxText's NNX loader restores (non-Param weights such as DeepSeek V3's MoEBiasVar gate bias included),
+     loads with MaxText's `from_pretrained` and calls the NNX model it returns;
   4. compare: max|diff| <= --atol (1e-3) and argmax agreement 100%.
 Prints one row per case and finally exactly one line `N passed, N failed`; exits 1 on any failure.
 
@@ -48,7 +50,9 @@ flags.DEFINE_list("families", [], "Tiny models (TINY_MODELS keys) to run; defaul
 flags.DEFINE_enum("scan_layers", "both", ["both", "true", "false"], "Scan settings to run.")
 flags.DEFINE_float("atol", 1e-3, "Largest max|maxtext - transformers| logit difference that passes.")
 flags.DEFINE_integer("batch", 2, "Token-id batch size.")
-flags.DEFINE_integer("seq_len", 32, "Token-id sequence length (longer than the Gemma sliding windows).")
+flags.DEFINE_integer("seq_len", 32, "Token-id sequence length: longer than the tiny models' sliding windows (Gemma 8,"
+                     " GPT-OSS 4), Llama 4's attention chunk (4) and DeepSeek V3.2's indexer top-k (4), so that"
+                     " all of them take effect.")
 flags.DEFINE_integer("seed", 0, "Seed for the tiny models and the token ids.")
 flags.DEFINE_integer("jobs", 2, "Cases (convert + MaxText forward) run at once.")
 flags.DEFINE_integer("case_timeout_s", 600, "Timeout for each subprocess.")
@@ -184,8 +188,12 @@ def _is_tied(spec) -> bool:
 def main(argv: list[str]) -> int:
   del argv
   start = time.monotonic()
+  import transformers  # pylint: disable=g-import-not-at-top
   from tools import tiny_models, validate_lib  # pylint: disable=g-import-not-at-top
   from converter.model_config import load_model_config  # pylint: disable=g-import-not-at-top
+
+  # transformers' save/load progress bars would land between the result rows.
+  transformers.utils.logging.disable_progress_bar()
 
   names = FLAGS.families or list(tiny_models.TINY_MODELS)
   unknown = [n for n in names if n not in tiny_models.TINY_MODELS]
@@ -212,13 +220,13 @@ def main(argv: list[str]) -> int:
   cases: list[Case] = []
   futures = []
   lock = threading.Lock()
-  header = f"{'model':<20} {'maxtext model':<15} {'scan':<4} {'max|diff|':>10} {'argmax':>8}  {'secs':>5}  result"
+  header = f"{'model':<20} {'maxtext model':<17} {'scan':<4} {'max|diff|':>10} {'argmax':>8}  {'secs':>5}  result"
 
   def report(case: Case) -> None:
     with lock:
       diff = "-" if np.isnan(case.max_diff) else f"{case.max_diff:.2e}"
       agree = "-" if np.isnan(case.argmax) else f"{case.argmax:.1%}"
-      print(f"{case.model:<20} {case.maxtext_model:<15} {'on' if case.scan else 'off':<4} {diff:>10} {agree:>8}"
+      print(f"{case.model:<20} {case.maxtext_model:<17} {'on' if case.scan else 'off':<4} {diff:>10} {agree:>8}"
             f"  {case.seconds:5.0f}  {'PASS' if case.passed else 'FAIL'}", flush=True)
       if case.error:
         print("    " + case.error.rstrip().replace("\n", "\n    "), flush=True)
