@@ -4,6 +4,7 @@ Usage: count_tests.py BAZEL_LOG TESTLOGS_DIR. A target that ran but left no XML 
 runner started) counts as one failure; so does any target the log reports as failed, timed out or unbuilt.
 """
 
+import glob
 import os
 import re
 import sys
@@ -12,9 +13,12 @@ import xml.etree.ElementTree as ET
 STATUS = re.compile(r"^(//\S+)\s+(?:\(cached\)\s+)?(PASSED|FLAKY|FAILED|TIMEOUT|NO STATUS|INCOMPLETE|REMOTE FAILURE)")
 
 
-def target_xml(testlogs: str, target: str) -> str:
+def target_xmls(testlogs: str, target: str) -> list[str]:
+  """The target's test.xml, or one per shard (shard_K_of_N/test.xml) for a sharded test."""
   package, name = target[2:].split(":")
-  return os.path.join(testlogs, package, name, "test.xml")
+  directory = os.path.join(testlogs, package, name)
+  shards = sorted(glob.glob(os.path.join(directory, "shard_*_of_*", "test.xml")))
+  return shards or [os.path.join(directory, "test.xml")]
 
 
 def count(log_path: str, testlogs: str) -> tuple[int, int]:
@@ -22,14 +26,13 @@ def count(log_path: str, testlogs: str) -> tuple[int, int]:
   with open(log_path, errors="replace") as f:
     statuses = [m.groups() for m in map(STATUS.match, f) if m]
   for target, status in statuses:
-    xml_path = target_xml(testlogs, target)
     cases = []
-    if os.path.exists(xml_path):
-      try:
-        cases = ET.parse(xml_path).getroot().iter("testcase")
-        cases = list(cases)
-      except ET.ParseError:
-        cases = []
+    for xml_path in target_xmls(testlogs, target):
+      if os.path.exists(xml_path):
+        try:
+          cases += list(ET.parse(xml_path).getroot().iter("testcase"))
+        except ET.ParseError:
+          pass
     if not cases:
       passed, failed = (passed + 1, failed) if status == "PASSED" else (passed, failed + 1)
       continue

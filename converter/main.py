@@ -10,6 +10,7 @@ MaxText then loads it with `load_parameters_path=<output_dir>/0/items`. And back
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import resource
@@ -220,9 +221,29 @@ def _verify(plan, items_path: str) -> None:
     raise ConversionError(f"{items_path}: --verify found {len(report.mismatches)} leaves that differ from the source")
 
 
+def _one_malloc_arena() -> None:
+  """Asks glibc for a single malloc arena, before any thread starts.
+
+  By default glibc gives each thread that allocates its own arena and returns freed memory to the system only
+  from the top of each; with numpy blocks allocated on reader threads and freed on tensorstore's, the arenas
+  fragment and the resident set grows during a save although the bytes alive stay within the budget. Measured
+  on a 6 GB FP8 DeepSeek-V3-shaped checkpoint: peak RSS 1.88 GiB with the default, 1.30 GiB with one arena, at
+  the same speed (the allocations are few and large). A no-op where glibc is not the C library.
+  """
+  try:
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallopt(_M_ARENA_MAX, 1)
+  except (OSError, AttributeError):
+    pass
+
+
+_M_ARENA_MAX = -8  # glibc's malloc.h
+
+
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  _one_malloc_arena()
   if not FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)  # Orbax logs every step at INFO; -v=0 brings it back.
   from converter.errors import ConversionError  # pylint: disable=g-import-not-at-top

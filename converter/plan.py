@@ -27,29 +27,66 @@ Shape = tuple[int, ...]
 
 ROW_BLOCK_BYTES = 64 << 20
 _ROW_PRESERVING = (ops_lib.ScaleInFloat32, ops_lib.AddInFloat32, ops_lib.SplitLast)
+_WITHIN_HEAD = (ops_lib.ScaleInFloat32, ops_lib.AddInFloat32, ops_lib.InterleaveRope)
 
 
-def source_row_axis(ops: tuple[Op, ...]) -> int | None:
-  """The output axis that runs along the HF tensor's rows, when a run of rows converts on its own.
+@dataclasses.dataclass(frozen=True)
+class Slabs:
+  """How a run of the source tensor's rows converts on its own: source rows `unit * i` to `unit * (i + 1)` make
+  index i of the output's `axis`."""
 
-  Embeddings (rows stay rows, the vocab padded) and logits kernels (rows become columns) are the largest
-  single tensors of most models (Qwen3's 151936-row tables, 1.2 GB each), and one expert of a fused expert
-  tensor can be as large (Llama 4 Maverick: 168 MB): reading them a slab of rows at a time keeps every block,
-  and so the memory a save needs, small.
+  axis: int
+  unit: int
+
+
+def row_slabs(ops: tuple[Op, ...], part_shape: Shape) -> Slabs | None:
+  """The output axis along the source's rows, when a slab of rows converts on its own; None otherwise.
+
+  The largest single tensors are embeddings and logits kernels (Qwen3's 151936-row tables, 1.2 GB each),
+  attention projections (Llama 3 405B's q_proj: 537 MB; DeepSeek V3's o_proj: 235 MB) and one expert of a fused
+  expert tensor (Llama 4 Maverick: 168 MB): reading them a slab of rows at a time keeps every block, and so the
+  memory a save needs, small. Rows stay rows (embeddings, fused experts split along their columns), become
+  columns (logits kernels, MLP kernels), whole heads (q/k/v kernels: (H*D, E) -> (E, H, D)) or the last axis
+  (output kernels: (E, H*D) -> (H, D, E)).
   """
+  if len(part_shape) != 2:
+    return None
   if all(isinstance(op, (*_ROW_PRESERVING, ops_lib.PadRows)) for op in ops):
-    return 0
-  if ops and isinstance(ops[0], ops_lib.Transpose) and all(
-      isinstance(op, (*_ROW_PRESERVING, ops_lib.PadColumns)) for op in ops[1:]
-  ):
-    return 1
+    return Slabs(0, 1)
+  if not ops or not isinstance(ops[0], ops_lib.Transpose):
+    return None
+  rest = ops[1:]
+  if all(isinstance(op, (*_ROW_PRESERVING, ops_lib.PadColumns)) for op in rest):
+    return Slabs(1, 1)
+  if not isinstance(rest[0], ops_lib.Reshape) or not all(isinstance(op, _WITHIN_HEAD) for op in rest[1:]):
+    return None
+  rows, columns = part_shape
+  heads = rest[0].new_shape
+  if len(heads) == 3 and heads[0] == columns:  # (H*D, E) -> (E, H*D) -> (E, H, D): rows are whole heads.
+    return Slabs(1, heads[2])
+  if heads[-1] == rows and not rest[1:]:  # (E, H*D) -> (H*D, E) -> (H, D, E): rows are the last axis.
+    return Slabs(len(heads) - 1, 1)
   return None
+
+
+def _slab_ops(ops: tuple[Op, ...], slabs: Slabs, count: int) -> tuple[Op, ...]:
+  """`ops` for a slab of `count` indices of `slabs.axis`: the shape-dependent ones resized."""
+  resized = []
+  for op in ops:
+    if isinstance(op, ops_lib.PadRows):
+      op = ops_lib.PadRows(count)
+    elif isinstance(op, ops_lib.PadColumns):
+      op = ops_lib.PadColumns(count)
+    elif isinstance(op, ops_lib.Reshape):
+      op = ops_lib.Reshape(op.new_shape[: slabs.axis] + (count,) + op.new_shape[slabs.axis + 1 :])
+    resized.append(op)
+  return tuple(resized)
 
 
 @dataclasses.dataclass(frozen=True)
 class FromTensor:
   """Loader: one source tensor (or one expert's slice of it, `lead`), read in the save dtype, then the family's
-  ops; large 2-D ones a slab of rows at a time."""
+  ops; large ones a slab of rows at a time (see `row_slabs`)."""
 
   tensor: SourceTensor
   lead: tuple[int, ...]
@@ -62,21 +99,19 @@ class FromTensor:
     return tuple(self.tensor.shape[len(self.lead):])
 
   @property
-  def _row_axis(self) -> int | None:
-    if len(self.shape) != 2 or len(self._part_shape) != 2:
-      return None
+  def _slabs(self) -> Slabs | None:
     if math.prod(self.shape) * self.dtype.itemsize <= ROW_BLOCK_BYTES:
       return None
-    return source_row_axis(self.ops)
+    return row_slabs(self.ops, self._part_shape)
 
   @property
   def block_shape(self) -> Shape:
-    axis = self._row_axis
-    if axis is None:
+    slabs = self._slabs
+    if slabs is None:
       return self.shape
-    row_bytes = math.prod(self.shape) // self.shape[axis] * self.dtype.itemsize
+    index_bytes = math.prod(self.shape) // self.shape[slabs.axis] * self.dtype.itemsize
     block = list(self.shape)
-    block[axis] = max(1, ROW_BLOCK_BYTES // row_bytes)
+    block[slabs.axis] = max(1, ROW_BLOCK_BYTES // index_bytes)
     return tuple(block)
 
   def __call__(self) -> np.ndarray:
@@ -86,21 +121,16 @@ class FromTensor:
     return x
 
   def region(self, index: tuple[slice, ...]) -> np.ndarray:
-    axis = self._row_axis
-    if axis is None:
+    slabs = self._slabs
+    if slabs is None:
       return self()[index]
-    start, stop, _ = index[axis].indices(self.shape[axis])
-    stored = min(stop, self._part_shape[0])
-    x = self.tensor.read(self.dtype, self.lead + (slice(min(start, stored), stored),))
-    for op in self.ops:
-      if isinstance(op, ops_lib.PadRows):
-        x = ops_lib.PadRows(stop - start)(x)
-      elif isinstance(op, ops_lib.PadColumns):
-        x = ops_lib.PadColumns(stop - start)(x)
-      else:
-        x = op(x)
-    other = 1 - axis
-    return x[(slice(None), index[other]) if other == 1 else (index[other], slice(None))]
+    start, stop, _ = index[slabs.axis].indices(self.shape[slabs.axis])
+    stored = self._part_shape[0]  # Rows past the stored ones are padding (a vocabulary padded for MaxText).
+    rows = slice(min(start * slabs.unit, stored), min(stop * slabs.unit, stored))
+    x = self.tensor.read(self.dtype, self.lead + (rows,))
+    for op in _slab_ops(self.ops, slabs, stop - start):
+      x = op(x)
+    return x[tuple(slice(None) if axis == slabs.axis else s for axis, s in enumerate(index))]
 
 
 @dataclasses.dataclass(frozen=True)

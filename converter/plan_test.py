@@ -12,6 +12,7 @@ from converter import families, ops, plan
 from converter.model_config import load_model_config
 from converter.sources import open_source
 from handlers import LazyTensor, block_indices
+from tools import tiny_models
 from tools.make_tiny_checkpoint import TINY_QWEN3_CONFIG, tiny_qwen3_tensors
 from tools.safetensors_writer import write_safetensors
 
@@ -52,6 +53,22 @@ class PlanLoadersTest(parameterized.TestCase):
     self.assertLess(block_shapes["token_embedder/embedding"][0], 300)  # Rows in slabs, vocab padded to 300.
     self.assertLess(block_shapes["decoder/logits_dense/kernel"][1], 300)
 
+  @parameterized.parameters("llama3.1", "deepseek3", "gpt_oss", "llama4_128e")
+  def test_slabs_reassemble_every_leaf_of_every_kind(self, model):
+    # Heads of q/k/v kernels (with the llama3.1 permutation and the baked query scale), the last axis of output
+    # kernels, latent-attention kernels, one expert's rows of a fused gate/up split interleaved or in halves.
+    model_dir = tiny_models.build_tiny_model(model, tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR")))
+    config = load_model_config(model_dir)
+    with mock.patch.object(plan, "ROW_BLOCK_BYTES", 4096):
+      the_plan = plan.build_plan(open_source(model_dir, config.raw, config.path), families.resolve(config),
+                                 scan_layers=True, save_dtype="float32")
+      slabbed = 0
+      for leaf in the_plan.leaves:
+        assembled, block = _assembled(leaf)
+        slabbed += block != leaf.shape
+        self.assertEqual(assembled.tobytes(), leaf.loader().tobytes(), leaf.name)
+    self.assertGreater(slabbed, len(the_plan.leaves) // 2)
+
   def test_padded_vocab_rows_are_zero(self):
     with mock.patch.object(plan, "ROW_BLOCK_BYTES", 2048):
       leaf = next(l for l in self._plan(scan_layers=True, target_vocab_size=300).leaves
@@ -64,10 +81,14 @@ class PlanLoadersTest(parameterized.TestCase):
     lazy = LazyTensor(leaf.name, leaf.shape, leaf.dtype, leaf.loader)
     self.assertEqual(lazy.block_shape, (64, 1, 4, 24))
 
-  def test_source_row_axis(self):
-    self.assertEqual(plan.source_row_axis((ops.PadRows(8), ops.ScaleInFloat32(2.0))), 0)
-    self.assertEqual(plan.source_row_axis((ops.Transpose(), ops.PadColumns(8))), 1)
-    self.assertIsNone(plan.source_row_axis((ops.Transpose(), ops.Reshape((2, 2)))))
+  def test_row_slabs(self):
+    self.assertEqual(plan.row_slabs((ops.PadRows(8), ops.ScaleInFloat32(2.0)), (4, 3)), plan.Slabs(0, 1))
+    self.assertEqual(plan.row_slabs((ops.Transpose(), ops.PadColumns(8)), (4, 3)), plan.Slabs(1, 1))
+    self.assertEqual(plan.row_slabs(ops.to_heads_kernel(3, 2, 5) + (ops.InterleaveRope(),), (10, 3)),
+                     plan.Slabs(1, 5))  # (H*D, E) -> (E, H, D): whole heads.
+    self.assertEqual(plan.row_slabs(ops.to_out_kernel(3, 2, 5), (3, 10)), plan.Slabs(2, 1))
+    self.assertIsNone(plan.row_slabs((ops.Transpose(), ops.Reshape((4,))), (2, 2)))
+    self.assertIsNone(plan.row_slabs((), (2, 3, 4)))
 
 
 if __name__ == "__main__":

@@ -194,6 +194,21 @@ def rope_kind(scaling: dict[str, Any]) -> str:
   return scaling.get("rope_type", scaling.get("type", "default")) or "default"
 
 
+# The llama3 rope scaling MaxText 0.2.5 hard-codes for llama3.1-style rotary embeddings (llama3.1-*, llama4-*).
+MAXTEXT_LLAMA3_SCALING = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                          "original_max_position_embeddings": 8192}
+
+
+def llama3_scaling_mismatch(cfg: ModelConfig, scaling: dict[str, Any]) -> list[str]:
+  """A warning when HF's llama3 rope scaling is not the one MaxText hard-codes."""
+  differing = {k: (scaling.get(k), v) for k, v in MAXTEXT_LLAMA3_SCALING.items() if float(scaling.get(k, -1)) != v}
+  if not differing:
+    return []
+  return [f"{cfg.path}: llama3 rope scaling {differing} (HF, MaxText): MaxText 0.2.5 hard-codes factor 8, low 1,"
+          " high 4, original context 8192, so this checkpoint's logits cannot be reproduced exactly (the"
+          " difference grows with the position)"]
+
+
 def no_rope_scaling(cfg: ModelConfig, target: str) -> list[str]:
   scaling = rope_parameters(cfg)
   if rope_kind(scaling) != "default":

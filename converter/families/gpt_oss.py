@@ -9,7 +9,7 @@ from converter import ops
 from converter.errors import ConversionError
 from converter.families import common
 from converter.families.base import Family, Layout, Param
-from converter.families.runtime import Decoder, Runtime
+from converter.families.runtime import Decoder
 from converter.model_config import ModelConfig
 
 CYCLE = 2  # MaxText's GPT_OSS_ATTENTION_PATTERN: layers_0 sliding window, layers_1 global.

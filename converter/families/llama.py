@@ -9,11 +9,6 @@ from converter.families.base import Family
 from converter.families.runtime import Decoder
 from converter.model_config import ModelConfig
 
-# The llama3 rope scaling MaxText 0.2.5 hard-codes for llama3.1 targets.
-MAXTEXT_LLAMA3_SCALING = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                          "original_max_position_embeddings": 8192}
-
-
 def rope_scaling(cfg: ModelConfig) -> dict:
   scaling = common.rope_parameters(cfg)
   return scaling if common.rope_kind(scaling) == "llama3" else {}
@@ -33,12 +28,7 @@ def _check(cfg: ModelConfig, target: str) -> list[str]:
   scaling = rope_scaling(cfg)
   if scaling and not _llama31(target):
     return [f"{cfg.path}: llama3 rope scaling, which MaxText's {target} ignores (target llama3.1-* instead)"]
-  if scaling:
-    differing = {k: (scaling.get(k), v) for k, v in MAXTEXT_LLAMA3_SCALING.items() if float(scaling.get(k, -1)) != v}
-    if differing:
-      return [f"{cfg.path}: rope scaling {differing} (HF, MaxText): MaxText 0.2.5 hard-codes factor 8, low 1,"
-              " high 4, original context 8192, so this checkpoint's logits cannot be reproduced exactly"]
-  return []
+  return common.llama3_scaling_mismatch(cfg, scaling) if scaling else []
 
 
 FAMILY = Family(

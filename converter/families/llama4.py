@@ -78,8 +78,6 @@ def _layout(cfg: ModelConfig, target: str, target_vocab: int, scan_layers: bool)
 
 
 def _rope_use_scale(cfg: ModelConfig, warnings: list[str]) -> bool:
-  from converter.families import llama  # pylint: disable=g-import-not-at-top
-
   scaling = common.rope_parameters(cfg)
   kind = common.rope_kind(scaling)
   if kind == "default":
@@ -87,11 +85,7 @@ def _rope_use_scale(cfg: ModelConfig, warnings: list[str]) -> bool:
   if kind != "llama3":
     warnings.append(f"{cfg.path}: rope scaling {scaling}; MaxText's llama4 rotary embedding has only the llama3 one")
     return False
-  differing = {k: (scaling.get(k), v) for k, v in llama.MAXTEXT_LLAMA3_SCALING.items()
-               if float(scaling.get(k, -1)) != v}
-  if differing:
-    warnings.append(f"{cfg.path}: llama3 rope scaling {differing} (HF, MaxText): MaxText 0.2.5 hard-codes factor 8,"
-                    " low 1, high 4, original context 8192, so logits differ from HF, more so at later positions")
+  warnings += common.llama3_scaling_mismatch(cfg, scaling)
   return True
 
 

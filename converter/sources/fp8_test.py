@@ -66,7 +66,15 @@ class Fp8SourceTest(parameterized.TestCase):
     record = lambda info, *args: read.append(stored_read(info, *args)) or read[-1]
     with mock.patch.object(safetensors.TensorInfo, "read", record):
       tensor.read(np.float32, (slice(130, 140),))  # Ten rows of the second block row.
-    self.assertEqual([r.shape for r in read], [(10, 384), (1, 3)])
+    self.assertCountEqual([r.shape for r in read], [(10, 384), (1, 3)])
+
+  def test_every_fp8_byte_decodes_as_ml_dtypes_casts_it(self):
+    for dtype in (ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2):
+      codes = np.arange(256, dtype=np.uint8).view(dtype)
+      for shape in ((256,), (16, 16), (4, 64), (2, 2, 64), (8, 32)[::-1]):
+        values = np.resize(codes, shape)
+        np.testing.assert_array_equal(fp8.to_float32(values), values.astype(np.float32))  # NaNs included.
+      np.testing.assert_array_equal(fp8.to_float32(codes[:255]), codes[:255].astype(np.float32))  # Odd length.
 
   def test_scale_tensors_are_consumed(self):
     source = _source({"w.weight": self.values, "w.weight_scale_inv": self.scales})

@@ -26,6 +26,7 @@ QUANT_METHOD = "mxfp4"
 BLOCKS_SUFFIX = "_blocks"
 SCALES_SUFFIX = "_scales"
 GROUP = 32  # Values per scale.
+_OUT_ROWS = 256  # Stored rows unpacked at a time: 256 x 2880 float32 values (3 MB) for GPT-OSS.
 _E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0], np.float32)
 # Both values of every byte: element 2k is the low nibble, 2k + 1 the high one.
 _PAIRS = np.stack([_E2M1[np.arange(256) & 0x0F], _E2M1[np.arange(256) >> 4]], axis=-1)
@@ -61,17 +62,22 @@ class Mxfp4Tensor:
     return (self.blocks.name, self.scales.name)
 
   def read(self, dtype: np.dtype | None = None, region: Region = ()) -> np.ndarray:
+    """Unpacks a few stored (out) rows at a time into the transposed output, so the float32 intermediates stay
+    small (`_OUT_ROWS` x in values) whatever the region's size."""
     slices = as_slices(self.shape, region)
     slices += tuple(slice(0, d) for d in self.shape[len(slices):])
     *lead, rows, cols = slices  # rows: the `in` axis (packed in groups), cols: the `out` axis.
     groups = slice(rows.start // GROUP, -(-rows.stop // GROUP))
-    packed = self.blocks.read(None, (*lead, cols, groups))
-    exponents = self.scales.read(None, (*lead, cols, groups)).astype(np.int32) - 127
-    values = _PAIRS[packed].reshape(packed.shape[:-1] + (GROUP,))  # (..., out, groups, 32)
-    values = np.ldexp(values, exponents[..., None]).reshape(packed.shape[:-2] + (-1,))
     first = rows.start - groups.start * GROUP
-    values = values[..., first : first + rows.stop - rows.start]
-    out = transpose_last_two(values.astype(dtype if dtype is not None else self.dtype))
+    out = np.empty(tuple(s.stop - s.start for s in slices), dtype=self.dtype if dtype is None else dtype)
+    for start in range(cols.start, cols.stop, _OUT_ROWS):
+      stop = min(start + _OUT_ROWS, cols.stop)
+      packed = self.blocks.read(None, (*lead, slice(start, stop), groups))
+      exponents = self.scales.read(None, (*lead, slice(start, stop), groups)).astype(np.int32) - 127
+      values = _PAIRS[packed].reshape(packed.shape[:-1] + (GROUP,))  # (..., out, groups, 32)
+      values = np.ldexp(values, exponents[..., None]).reshape(packed.shape[:-2] + (-1,))
+      values = values[..., first : first + rows.stop - rows.start]
+      out[..., start - cols.start : stop - cols.start] = transpose_last_two(values)
     return squeeze_ints(out, region)
 
 
