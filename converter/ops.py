@@ -252,50 +252,59 @@ class CropColumns(Op):
 
 
 @dataclasses.dataclass(frozen=True)
-class SplitLast(Op):
-  """Part `index` of `parts` along the last axis: one projection of a fused one (gate and up of `gate_up_proj`).
+class Slot(Op):
+  """Slot `index` of an axis laid out as `groups` repeats of runs of `sizes`.
 
-  Not invertible on its own: the reverse direction joins the parts of every param that reads the same HF
-  tensor, each with `place`.
+  On the HF side, one projection of a fused tensor (gate and up of `gate_up_proj`, in halves or interleaved; q, k
+  and v of a packed qkv); on the MaxText side (`Param.leaf_slot`), one source's place in a packed leaf (Qwen3.5's
+  q, k, v and z regrouped per key head). Not invertible on its own: the other direction joins the slots of every
+  param that shares the tensor, each with `place`.
   """
 
+  axis: int
+  groups: int
+  sizes: tuple[int, ...]
   index: int
-  parts: int
+
+  def _grouped(self, shape: Shape) -> tuple[int, Shape]:
+    axis = self.axis % len(shape)
+    if shape[axis] != self.groups * sum(self.sizes):
+      raise ValueError(f"axis {axis} of {tuple(shape)} is not {self.groups} groups of {self.sizes}")
+    return axis, tuple(shape[:axis]) + (self.groups, sum(self.sizes)) + tuple(shape[axis + 1 :])
+
+  def _columns(self) -> slice:
+    start = sum(self.sizes[: self.index])
+    return slice(start, start + self.sizes[self.index])
 
   def shape(self, shape: Shape) -> Shape:
-    if shape[-1] % self.parts:
-      raise ValueError(f"cannot split a last axis of {shape[-1]} into {self.parts} parts")
-    return tuple(shape[:-1]) + (shape[-1] // self.parts,)
-
-  def selection(self, size: int) -> slice:
-    raise NotImplementedError
+    axis, _ = self._grouped(shape)
+    return tuple(shape[:axis]) + (self.groups * self.sizes[self.index],) + tuple(shape[axis + 1 :])
 
   def __call__(self, x: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(x[..., self.selection(x.shape[-1])])
+    axis, grouped = self._grouped(x.shape)
+    part = x.reshape(grouped)[(slice(None),) * (axis + 1) + (self._columns(),)]
+    return np.ascontiguousarray(part).reshape(self.shape(x.shape))
 
   def inverse(self, input_shape: Shape) -> Op:
-    raise ValueError(f"{self} is undone by joining the parts of the fused tensor (SplitLast.place)")
+    raise ValueError(f"{self} is undone by joining the slots of the tensor it shares (Slot.place)")
 
   def place(self, out: np.ndarray, part: np.ndarray) -> None:
-    """Writes `part` where this op took it from in `out`, the fused tensor."""
-    out[..., self.selection(out.shape[-1])] = part
+    """Writes `part` into this slot of `out`, the shared tensor."""
+    axis, grouped = self._grouped(out.shape)
+    view = out.reshape(grouped)  # A view: `out` is C-contiguous.
+    size = self.sizes[self.index]
+    view[(slice(None),) * (axis + 1) + (self._columns(),)] = part.reshape(
+        grouped[: axis + 1] + (size,) + grouped[axis + 2 :])
 
 
-@dataclasses.dataclass(frozen=True)
-class SplitInterleaved(SplitLast):
-  """Every `parts`-th column from `index` (GPT-OSS's gate_up_proj: gate at 0::2, up at 1::2)."""
-
-  def selection(self, size: int) -> slice:
-    return slice(self.index, None, self.parts)
+def interleaved(index: int, parts: int, length: int, axis: int = -1) -> Slot:
+  """Every `parts`-th element from `index` of an axis of `length` (GPT-OSS's gate_up_proj: gate at 0::2)."""
+  return Slot(axis, length // parts, (1,) * parts, index)
 
 
-@dataclasses.dataclass(frozen=True)
-class SplitHalves(SplitLast):
-  """The `index`-th of `parts` equal runs of columns (Llama 4's gate_up_proj: gate first, then up)."""
-
-  def selection(self, size: int) -> slice:
-    width = size // self.parts
-    return slice(self.index * width, (self.index + 1) * width)
+def halves(index: int, parts: int, length: int, axis: int = -1) -> Slot:
+  """The `index`-th of `parts` equal runs of an axis of `length` (Llama 4's gate_up_proj: gate first)."""
+  return Slot(axis, 1, (length // parts,) * parts, index)
 
 
 def output_shape(ops: tuple[Op, ...], shape: Shape) -> Shape:
@@ -306,8 +315,8 @@ def output_shape(ops: tuple[Op, ...], shape: Shape) -> Shape:
 
 def inverse_ops(ops: tuple[Op, ...], shape: Shape) -> tuple[Op, ...]:
   """The recipe that undoes `ops` applied to a tensor of `shape`: each op's inverse, last op first. A leading
-  SplitLast is left out: undoing it needs the other parts (see SplitLast.place)."""
-  if ops and isinstance(ops[0], SplitLast):
+  Slot is left out: undoing it needs the other slots (see Slot.place)."""
+  if ops and isinstance(ops[0], Slot):
     shape, ops = ops[0].shape(shape), ops[1:]
   inverses = []
   for op in ops:

@@ -26,8 +26,13 @@ from converter.sources import FLOATING, SourceTensor, TensorSource
 Shape = tuple[int, ...]
 
 ROW_BLOCK_BYTES = 64 << 20
-_ROW_PRESERVING = (ops_lib.ScaleInFloat32, ops_lib.AddInFloat32, ops_lib.SplitLast)
-_WITHIN_HEAD = (ops_lib.ScaleInFloat32, ops_lib.AddInFloat32, ops_lib.InterleaveRope)
+_ELEMENTWISE = (ops_lib.ScaleInFloat32, ops_lib.AddInFloat32)
+_WITHIN_HEAD = (*_ELEMENTWISE, ops_lib.InterleaveRope)
+
+
+def _row_preserving(op: Op, ndim: int) -> bool:
+  """Whether `op` maps each row of a 2-D tensor to the same row of its output."""
+  return isinstance(op, _ELEMENTWISE) or (isinstance(op, ops_lib.Slot) and op.axis % ndim != 0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,12 +56,12 @@ def row_slabs(ops: tuple[Op, ...], part_shape: Shape) -> Slabs | None:
   """
   if len(part_shape) != 2:
     return None
-  if all(isinstance(op, (*_ROW_PRESERVING, ops_lib.PadRows)) for op in ops):
+  if all(_row_preserving(op, 2) or isinstance(op, ops_lib.PadRows) for op in ops):
     return Slabs(0, 1)
   if not ops or not isinstance(ops[0], ops_lib.Transpose):
     return None
   rest = ops[1:]
-  if all(isinstance(op, (*_ROW_PRESERVING, ops_lib.PadColumns)) for op in rest):
+  if all(isinstance(op, (*_ELEMENTWISE, ops_lib.PadColumns)) for op in rest):
     return Slabs(1, 1)
   if not isinstance(rest[0], ops_lib.Reshape) or not all(isinstance(op, _WITHIN_HEAD) for op in rest[1:]):
     return None
@@ -161,12 +166,34 @@ class Stack:
     return out
 
 
+@dataclasses.dataclass(frozen=True)
+class JoinSlots:
+  """Loader: several params' values, each written into its slot of one value (a packed projection)."""
+
+  parts: tuple[tuple[Any, ops_lib.Slot], ...]
+  shape: Shape
+  dtype: np.dtype
+
+  @property
+  def block_shape(self) -> Shape:
+    return self.shape
+
+  def __call__(self) -> np.ndarray:
+    out = np.empty(self.shape, self.dtype)
+    for loader, slot in self.parts:
+      slot.place(out, loader())
+    return out
+
+  def region(self, index: tuple[slice, ...]) -> np.ndarray:
+    return self()[index]
+
+
 def source_tensors(loader: Any) -> Iterator[SourceTensor]:
   """Every source tensor a leaf's loader reads."""
   if isinstance(loader, FromTensor):
     yield loader.tensor
   for part in getattr(loader, "parts", ()):
-    yield from source_tensors(part)
+    yield from source_tensors(part[0] if isinstance(part, tuple) else part)
   inner = getattr(loader, "inner", None)
   if inner is not None:
     yield from source_tensors(inner)
@@ -301,16 +328,47 @@ def _param_loader(sources: _Sources, param: Param, layer: int | None, dtype: np.
   return loader, shape, names
 
 
+def _leaf_loader(sources: _Sources, params: list[Param], layer: int | None,
+                 dtype: np.dtype) -> tuple[Any, Shape, list[str]]:
+  """One layer's value of a leaf: of its one param, or of several params joined into their slots."""
+  if len(params) == 1 and params[0].leaf_slot is None:
+    return _param_loader(sources, params[0], layer, dtype)
+  parts, names, shape = [], [], None
+  for param in params:
+    if param.leaf_slot is None or param.experts:
+      raise ConversionError(f"{param.maxtext}: several params write this leaf, so each needs a leaf_slot (and no"
+                            " experts)")
+    loader, part_shape, part_names = _param_loader(sources, param, layer, dtype)
+    slot = param.leaf_slot
+    axis = slot.axis % len(part_shape)
+    shape = part_shape[:axis] + (slot.groups * sum(slot.sizes),) + part_shape[axis + 1:]
+    parts.append((loader, slot))
+    names += part_names
+  return JoinSlots(tuple(parts), shape, dtype), shape, names
+
+
+def _by_leaf(params: tuple[Param, ...]) -> dict[str, list[Param]]:
+  """Params by the leaf they write, in order of first appearance."""
+  leaves: dict[str, list[Param]] = {}
+  for param in params:
+    leaves.setdefault(param.maxtext, []).append(param)
+  return leaves
+
+
 def _layer_leaves(sources: _Sources, layout: Layout, dtype: np.dtype) -> Iterator[Leaf]:
   for group in layout.groups:
-    for param in group.params:
-      per_layer = [_param_loader(sources, param, i, dtype) for i in group.layers]
-      names = tuple(dict.fromkeys(n for _, _, ns in per_layer for n in ns))
-      path = (*group.path, *param.maxtext.split("/"))
-      if group.stacked:
-        loader, shape = _stack([(p, s) for p, s, _ in per_layer], param.scan_axis, dtype)
+    for maxtext, params in _by_leaf(group.params).items():
+      per_layer = {layer: _leaf_loader(sources, params, layer, dtype) for _, layer in group.positions()}
+      names = tuple(dict.fromkeys(n for _, _, ns in per_layer.values() for n in ns))
+      path = (*group.path, *maxtext.split("/"))
+      axis = params[0].scan_axis
+      if not group.stacked:
+        (loader, shape, _), = per_layer.values()
+      elif group.nested:  # Layers of a block on the scan axis, then the blocks in front of them.
+        blocks = [_stack([per_layer[layer][:2] for layer in block], axis, dtype) for block in group.layers]
+        loader, shape = _stack(blocks, axis, dtype)
       else:
-        (loader, shape, _), = per_layer
+        loader, shape = _stack([per_layer[layer][:2] for layer in group.layers], axis, dtype)
       yield Leaf(path, shape, dtype, names, loader)
 
 
@@ -355,9 +413,9 @@ def build_plan(
   check_tied_embeddings(source, config, layout)
   sources = _Sources(source, config, dtype)
   leaves = []
-  for param in layout.top:
-    loader, shape, names = _param_loader(sources, param, None, dtype)
-    leaves.append(Leaf(tuple(param.maxtext.split("/")), shape, dtype, tuple(names), loader))
+  for maxtext, params in _by_leaf(layout.top).items():
+    loader, shape, names = _leaf_loader(sources, params, None, dtype)
+    leaves.append(Leaf(tuple(maxtext.split("/")), shape, dtype, tuple(names), loader))
   leaves.extend(_layer_leaves(sources, layout, dtype))
   ignored = {re.compile(pattern): reason for pattern, reason in model.family.ignored_tensors(config).items()}
   skipped: dict[str, list[str]] = {}

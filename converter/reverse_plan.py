@@ -20,7 +20,7 @@ from converter import families
 from converter.errors import ConversionError
 from converter.families import Family, LayerGroup, Param
 from converter.model_config import ModelConfig, parse_model_config
-from converter.ops import Op, SplitLast, inverse_ops, is_exact, output_shape
+from converter.ops import Op, Slot, inverse_ops, is_exact, output_shape
 from converter.safetensors_output import TensorSpec
 from converter.sources import SAFETENSORS_DTYPES
 
@@ -39,7 +39,7 @@ class HfPart:
   leaf: tuple[str, ...]  # Tree keys of the stored array.
   index: tuple[Any, ...]  # ints (layer, expert) and full slices.
   ops: tuple[Op, ...]
-  split: SplitLast | None
+  split: Slot | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,21 +140,25 @@ def _hf_config(items_path: str, info: Mapping[str, Any], hf_config_path: str | N
   return dict(config), source
 
 
-def _leaf_index(param: Param, expert: int | None, position: int | None) -> tuple[Any, ...]:
-  """Index of one HF tensor's slice in the leaf: the expert on axis 0, the layer (stacked groups) at scan_axis."""
+def _leaf_index(param: Param, expert: int | None, position: tuple[int, ...]) -> tuple[Any, ...]:
+  """Index of one HF tensor's slice in the leaf: the expert on axis 0, the layer's position on the stacking axes
+  (none unstacked; (layer,) or (block, layer in block)) from the param's scan axis."""
   index: list[Any] = [expert] if expert is not None else []
-  if position is not None:
+  if position:
     index += [slice(None)] * (param.scan_axis - len(index))
-    index.insert(param.scan_axis, position)
+    index[param.scan_axis:param.scan_axis] = list(position)
   return tuple(index)
 
 
-def _leaf_shape(per_tensor: Shape, param: Param, stacked_layers: int | None) -> Shape:
-  """The leaf holding `param`: experts first, then (stacked groups) the layers at the param's scan axis."""
+def _leaf_shape(per_tensor: Shape, param: Param, stacking: tuple[int, ...]) -> Shape:
+  """The leaf holding `param`: experts first, then (stacked groups) the stacking axes at the param's scan axis;
+  a param sharing its leaf fills one slot of it."""
   shape = ((param.experts,) if param.experts else ()) + tuple(per_tensor)
-  if stacked_layers is not None:
-    shape = shape[:param.scan_axis] + (stacked_layers,) + shape[param.scan_axis:]
-  return shape
+  if param.leaf_slot is not None:
+    slot = param.leaf_slot
+    axis = slot.axis % len(shape)
+    shape = shape[:axis] + (slot.groups * sum(slot.sizes),) + shape[axis + 1:]
+  return shape[:param.scan_axis] + stacking + shape[param.scan_axis:]
 
 
 def _show(keys: Sequence[str]) -> str:
@@ -180,7 +184,7 @@ class _Builder:
       for parts in pieces:
         splits = [p.split for p in parts]
         if (len(parts) > 1 or splits[0] is not None) and (
-            None in splits or sorted(s.index for s in splits) != list(range(splits[0].parts))):
+            None in splits or sorted(s.index for s in splits) != list(range(len(splits[0].sizes)))):
           raise ConversionError(f"{family}: the layout maps several leaves to HF tensor {name!r} without splitting it"
                                 " into complementary parts")
       result.append(HfTensor(name, entry["shape"], entry["dtype"], pieces, entry["in_pieces"], entry["exact"]))
@@ -259,9 +263,11 @@ def plan_to_huggingface(
       ops = inverse_ops(param.ops, param.part_shape)
     except ValueError as e:
       raise ConversionError(f"{source}: {param.hf}: {e}") from e
-    split = param.ops[0] if param.ops and isinstance(param.ops[0], SplitLast) else None
-    stacked = len(group.layers) if group is not None and group.stacked else None
-    array = leaf(keys, _leaf_shape(per_tensor, param, stacked))
+    split = param.ops[0] if param.ops and isinstance(param.ops[0], Slot) else None
+    if param.leaf_slot is not None:
+      ops = (param.leaf_slot,) + ops  # First its slot of the shared leaf, then the inverse of its ops.
+    stacking = group.stacking if group is not None and group.stacked else ()
+    array = leaf(keys, _leaf_shape(per_tensor, param, stacking))
     if group is None:
       if param.experts:
         raise ConversionError(f"{fam.name}: top-level parameter {param.maxtext} with experts is not supported")
@@ -269,8 +275,8 @@ def plan_to_huggingface(
       return
     # Experts outermost, layers next: consecutive reads stay inside the same chunks.
     for expert in range(param.experts) if param.experts else [None]:
-      for position, layer in enumerate(group.layers):
-        index = _leaf_index(param, expert, position if group.stacked else None)
+      for position, layer in group.positions():
+        index = _leaf_index(param, expert, position if group.stacked else ())
         hf_layer = param.hf_layer(layer)
         name = param.hf.format(layer=hf_layer, expert=expert)
         piece = expert if param.experts_in_tensor else 0

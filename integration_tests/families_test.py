@@ -26,6 +26,7 @@ CELLS = [
     dict(testcase_name=f"{model.replace('.', '_')}_devices{d}_{'scan' if s else 'noscan'}", model=model,
          family=family, target=target, devices=d, scan=s)
     for (model, family, target), d, s in itertools.product(FAMILY_ROWS, (1, 16), (True, False))
+    if s in tiny_models.TINY_MODELS[model].scans
 ]
 
 _models: dict[str, tuple[str, np.ndarray]] = {}

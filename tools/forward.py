@@ -381,8 +381,11 @@ def maxtext_layers(decoder_tree: Mapping[str, Any], layout: Layout) -> list[Mapp
     for key in group.path[1:]:  # The path starts at "decoder".
       subtree = subtree[key]
     axes = {tuple(p.maxtext.split("/")): p.scan_axis for p in group.params}
-    for position, layer in enumerate(group.layers):
-      layers[layer] = _take(subtree, position, axes) if group.stacked else subtree
+    for position, layer in group.positions():
+      value = subtree
+      for index in position if group.stacked else ():
+        value = _take(value, index, axes)  # The block, then the layer in it (now on the same axis).
+      layers[layer] = value
   return [layers[i] for i in range(len(layers))]
 
 

@@ -25,6 +25,7 @@ class TinyModelSpec:
   family: str
   target: str
   maxtext_model: str = ""
+  scans: tuple[bool, ...] = (True, False)  # The scan_layers values MaxText has for the model (Gemma 4 small: False).
 
 
 # Shared shape of the tiny models: head_dim differs from hidden / heads, queries are grouped 3:1, odd vocab.

@@ -28,7 +28,9 @@ class Param:
   per-layer value. With `experts`, the leaf stacks that many experts on axis 0: one HF tensor per expert
   ("{expert}" in `hf`), or, with `experts_in_tensor`, one HF tensor whose axis 0 already holds them (GPT-OSS,
   Llama 4); then `ops` apply to each expert's slice. A stacked layer group puts its layer axis at `scan_axis`.
-  Two params may read one HF tensor (a fused gate/up projection split in two): the reverse direction joins them.
+  Two params may read one HF tensor (a fused gate/up projection split in two by a leading `Slot` op), and several
+  params may write one leaf, each into its `leaf_slot` of the per-layer value (a packed q/k/v/z projection): the
+  other direction joins them.
   """
 
   maxtext: str
@@ -40,6 +42,7 @@ class Param:
   scan_axis: int = SCAN_AXIS
   layer_stride: int = 1  # MaxText layer i reads HF layer i * layer_stride + layer_offset (Gemma2 pairs).
   layer_offset: int = 0
+  leaf_slot: Op | None = None  # An ops.Slot: where this param's value goes in a leaf it shares with others.
 
   def hf_layer(self, layer: int) -> int:
     return layer * self.layer_stride + self.layer_offset
@@ -53,12 +56,32 @@ class Param:
 @dataclasses.dataclass(frozen=True)
 class LayerGroup:
   """Where MaxText keeps some decoder layers (one stacked subtree, layers on the scan axis, or one layer), and
-  the params of each of them."""
+  the params of each of them.
+
+  `layers` are MaxText layer numbers (Gemma 2 holds two HF layers in each). Stacked twice over, it is a tuple of
+  blocks of layers: the leaves then have (block, layer in block) on two axes from the scan axis (Qwen3-Next's
+  `local_layers`, Gemma 4's `scanned_blocks/local_layers`).
+  """
 
   path: tuple[str, ...]
-  layers: tuple[int, ...]  # MaxText layer numbers (Gemma 2 holds two HF layers in each).
+  layers: tuple[int, ...] | tuple[tuple[int, ...], ...]
   stacked: bool
   params: tuple[Param, ...]
+
+  @property
+  def nested(self) -> bool:
+    return bool(self.layers) and isinstance(self.layers[0], tuple)
+
+  def positions(self) -> list[tuple[tuple[int, ...], int]]:
+    """(position on the stacking axes, layer) for every layer of the group, in storage order."""
+    if self.nested:
+      return [((b, j), layer) for b, block in enumerate(self.layers) for j, layer in enumerate(block)]
+    return [((i,), layer) for i, layer in enumerate(self.layers)]
+
+  @property
+  def stacking(self) -> tuple[int, ...]:
+    """The lengths of the stacking axes: (layers,) or (blocks, layers per block)."""
+    return (len(self.layers), len(self.layers[0])) if self.nested else (len(self.layers),)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,7 +91,7 @@ class Layout:
 
   @property
   def num_layers(self) -> int:
-    return sum(len(g.layers) for g in self.groups)
+    return sum(len(g.positions()) for g in self.groups)
 
 
 def standard_layer_groups(params: tuple[Param, ...], num_layers: int, scan_layers: bool) -> tuple[LayerGroup, ...]:

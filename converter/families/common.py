@@ -137,10 +137,10 @@ def fused_experts(prefix: str, gate_up: str, down: str, *, experts: int, hidden:
   """Experts stored fused in two HF tensors, gate_up (X, E, 2M) and down (X, M, E), already (in, out): gate and up
   are the even and odd columns (`interleaved`, GPT-OSS) or the two halves (Llama 4)."""
   X, E, M = experts, hidden, expert_dim
-  split = ops.SplitInterleaved if interleaved else ops.SplitHalves
+  split = ops.interleaved if interleaved else ops.halves
   return (
-      Param(f"{prefix}/wi_0", gate_up, (X, E, 2 * M), (split(0, 2),), experts=X, experts_in_tensor=True),
-      Param(f"{prefix}/wi_1", gate_up, (X, E, 2 * M), (split(1, 2),), experts=X, experts_in_tensor=True),
+      Param(f"{prefix}/wi_0", gate_up, (X, E, 2 * M), (split(0, 2, 2 * M),), experts=X, experts_in_tensor=True),
+      Param(f"{prefix}/wi_1", gate_up, (X, E, 2 * M), (split(1, 2, 2 * M),), experts=X, experts_in_tensor=True),
       Param(f"{prefix}/wo", down, (X, M, E), experts=X, experts_in_tensor=True),
   )
 

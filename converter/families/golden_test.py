@@ -66,7 +66,7 @@ def _hf_tensors(model: families.ResolvedModel, scan_layers: bool) -> dict[str, H
     tensors[param.hf] = HeaderOnlyTensor(param.hf, tuple(param.hf_shape))
   for group in layout.groups:
     for param in group.params:
-      for layer in group.layers:
+      for _, layer in group.positions():
         for expert in range(param.experts) if param.experts and not param.experts_in_tensor else [None]:
           name = param.hf.format(layer=param.hf_layer(layer), expert=expert)
           tensors[name] = HeaderOnlyTensor(name, tuple(param.hf_shape))

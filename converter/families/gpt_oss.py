@@ -28,9 +28,9 @@ def _layer(cfg: ModelConfig) -> tuple[Param, ...]:
       Param("GptOssMlp/gate/bias", f"{common.LAYER}.mlp.router.bias", (X,)),
       *common.fused_experts("GptOssMlp", f"{experts}.gate_up_proj", f"{experts}.down_proj", experts=X, hidden=E,
                             expert_dim=M, interleaved=True),
-      Param("GptOssMlp/wi_0_bias", f"{experts}.gate_up_proj_bias", (X, 2 * M), (ops.SplitInterleaved(0, 2),), experts=X,
+      Param("GptOssMlp/wi_0_bias", f"{experts}.gate_up_proj_bias", (X, 2 * M), (ops.interleaved(0, 2, 2 * M),), experts=X,
             experts_in_tensor=True),
-      Param("GptOssMlp/wi_1_bias", f"{experts}.gate_up_proj_bias", (X, 2 * M), (ops.SplitInterleaved(1, 2),), experts=X,
+      Param("GptOssMlp/wi_1_bias", f"{experts}.gate_up_proj_bias", (X, 2 * M), (ops.interleaved(1, 2, 2 * M),), experts=X,
             experts_in_tensor=True),
       Param("GptOssMlp/wo_bias", f"{experts}.down_proj_bias", (X, E), experts=X, experts_in_tensor=True),
   )
