@@ -14,6 +14,7 @@ expert) MLPs; Gemma's norms around attention and MLP, paired layers and block-sc
 
 from __future__ import annotations
 
+import importlib
 import math
 from typing import Any, Mapping
 
@@ -401,6 +402,9 @@ def output_logits(params: Mapping[str, Any], x: jax.Array, cfg: MaxTextConfig) -
 
 def logits(params: Mapping[str, Any], token_ids: np.ndarray, runtime: Runtime, layout: Layout) -> np.ndarray:
   """params: the `params/params` subtree of a MaxText checkpoint. Returns float32 [batch, seq, vocab]."""
+  if runtime.decoder.forward:
+    module = importlib.import_module(f"tools.forward_{runtime.decoder.forward}")
+    return module.logits(params, token_ids, runtime, layout)
   params = jax.tree.map(lambda a: jnp.asarray(a, dtype=jnp.float32), params)
   ids = jnp.asarray(token_ids)
   positions = jnp.broadcast_to(jnp.arange(ids.shape[1]), ids.shape)

@@ -118,6 +118,9 @@ class Decoder:
   # carry these suffixes (Gemma 2); layers that are not MoE are dense (DeepSeek's first layers, Llama 4 128E).
   local_layers: tuple[bool, ...] = ()
   sublayer_suffixes: tuple[str, ...] = ("",)
+  # A decoder whose layers share state across layers (KV sharing, per-layer inputs) has its own reference forward
+  # pass: `tools/forward_<forward>.py`'s `logits(params, token_ids, runtime, layout)`.
+  forward: str = ""
 
   def is_local(self, hf_layer: int) -> bool:
     return bool(self.local_layers) and self.local_layers[hf_layer % len(self.local_layers)]
