@@ -45,10 +45,41 @@ class StoredArray:
   name: str  # Orbax's parameter name: the keys joined with ".".
   shape: Shape
   dtype: np.dtype
+  # A native fp8 kernel presented dequantized (dtype float32): its stored FP8 leaf and its `_scale` sibling.
+  fp8: tuple["StoredArray", "StoredArray"] | None = None
 
   @property
   def nbytes(self) -> int:
     return math.prod(self.shape) * self.dtype.itemsize
+
+
+class OpenFp8Array:
+  """A native fp8 kernel read dequantized as MaxText does (`dequantize_weight`): each scale value times the d / s
+  consecutive elements it covers on each axis, in float32; only the scales a slice covers are read."""
+
+  def __init__(self, values: "OpenArray", scales: "OpenArray"):
+    self.array = values.array
+    self._values, self._scales = values, scales
+
+  def read(self, index: Index) -> np.ndarray:
+    shape, scale_shape = self._values.array.shape, self._scales.array.shape
+    full = tuple(index) + (slice(None),) * (len(shape) - len(index))
+    scale_index, crops = [], []
+    for i, d, s in zip(full, shape, scale_shape):
+      per = d // s
+      if isinstance(i, slice):
+        start, stop, step = i.indices(d)
+        if step != 1:
+          raise ValueError(f"fp8 leaf reads take step-1 slices, not {index}")
+        scale_index.append(slice(start // per, -(-stop // per)))
+        crops.append((per, slice(start % per, start % per + stop - start)))
+      else:
+        scale_index.append(int(i) // per)
+    values = self._values.read(full).astype(np.float32)
+    scales = self._scales.read(tuple(scale_index)).astype(np.float32)
+    for axis, (per, crop) in enumerate(crops):
+      scales = np.repeat(scales, per, axis=axis)[(slice(None),) * axis + (crop,)]
+    return values * scales
 
 
 class OpenArray:
@@ -94,9 +125,11 @@ def _chunks_touched(shape: Shape, chunk: Shape, index: Index) -> int:
 
 
 class CheckpointReader:
-  """The array leaves of `items_path` (an Orbax PyTree checkpoint, e.g. OUT/0/items), for slice reads."""
+  """The array leaves of `items_path` (an Orbax PyTree checkpoint, e.g. OUT/0/items), for slice reads;
+  `dequantize_fp8` presents each FP8 leaf with a `<name>_scale` sibling (a native fp8 model) as the float32 array
+  it encodes, and hides the scales."""
 
-  def __init__(self, items_path: str):
+  def __init__(self, items_path: str, dequantize_fp8: bool = False):
     self.items_path = items_path
     if not os.path.isfile(os.path.join(items_path, "_METADATA")):
       raise ConversionError(f"{items_path}: not an Orbax PyTree checkpoint (no _METADATA file)")
@@ -117,9 +150,26 @@ class CheckpointReader:
         self.arrays[key_path] = StoredArray(key_path, value.name, tuple(value.shape), np.dtype(value.dtype))
       else:
         self.other_leaves.append(key_path)
+    if dequantize_fp8:
+      self._present_fp8_dequantized()
 
-  def open(self, array: StoredArray, slice_index: Index, cache_limit: int) -> OpenArray:
+  def _present_fp8_dequantized(self) -> None:
+    for key, array in list(self.arrays.items()):
+      scale = self.arrays.get(key[:-1] + (key[-1] + "_scale",))
+      if scale is None or "float8" not in array.dtype.name:
+        continue
+      if len(scale.shape) != len(array.shape) or any(d % s for d, s in zip(array.shape, scale.shape)):
+        raise ConversionError(f"{self.items_path}: fp8 leaf {'/'.join(key)} {array.shape} has scales"
+                              f" {scale.shape}, which do not divide it axis by axis")
+      self.arrays[key] = dataclasses.replace(array, dtype=np.dtype(np.float32), fp8=(array, scale))
+      del self.arrays[scale.path]
+
+  def open(self, array: StoredArray, slice_index: Index, cache_limit: int) -> OpenArray | OpenFp8Array:
     """Opens `array` for reads shaped like `slice_index`, with a chunk cache sized as the module docstring says."""
+    if array.fp8 is not None:
+      values, scales = array.fp8
+      scale_index = tuple(i if isinstance(i, slice) else 0 for i in slice_index)
+      return OpenFp8Array(self.open(values, slice_index, cache_limit), self.open(scales, scale_index, cache_limit))
     info = ocp.type_handlers.ParamInfo(
         name=array.name, parent_dir=epath.Path(self.items_path), use_zarr3=self._use_zarr3,
         is_ocdbt_checkpoint=self._use_ocdbt, ts_context=self._probe_context,

@@ -40,6 +40,7 @@ def plan_conversion(
     target_model: str | None = None,
     target_vocab_size: int | None = None,
     allow_unused_tensors: bool = False,
+    keep_fp8: bool = False,
 ) -> Plan:
   config = load_model_config(hf_model_path)
   model = families.resolve(config, target_model=target_model)
@@ -51,6 +52,7 @@ def plan_conversion(
       save_dtype=save_dtype,
       target_vocab_size=target_vocab_size,
       allow_unused_tensors=allow_unused_tensors,
+      keep_fp8=keep_fp8,
   )
   for warning in plan.warnings:
     logging.warning("%s", warning)
@@ -73,6 +75,7 @@ def convert_to_maxtext(
     progress: Progress | None = None,
     resume: bool = False,
     cancel: threading.Event | None = None,
+    keep_fp8: bool = False,
 ) -> ConversionResult:
   """Plans, checks and saves. A lazy save journals its blocks so that `resume=True` can finish it later."""
   plan = plan_conversion(
@@ -82,6 +85,7 @@ def convert_to_maxtext(
       target_model=target_model,
       target_vocab_size=target_vocab_size,
       allow_unused_tensors=allow_unused_tensors,
+      keep_fp8=keep_fp8,
   )
   writer.prepare_output_dir(output_dir, overwrite, keep_unfinished=lazy)
   salvage, journal = resume_lib.prepare(output_dir, plan, resume=resume) if lazy else (None, None)
@@ -95,6 +99,8 @@ def convert_to_maxtext(
           "save_dtype": plan.save_dtype.name,
           # How the source stored its weights (None: plain floats); the reverse direction says it dequantized.
           "quant_method": plan.source.quant_method,
+          # --keep_fp8: the FP8 kernels were kept, beside their scales (None: every leaf in save_dtype).
+          "fp8": dataclasses.asdict(plan.fp8) if plan.fp8 else None,
           "maxtext_overrides": overrides,
           # The original config.json, verbatim: --direction=to_huggingface writes it back.
           "hf_config": _original_hf_config(plan),

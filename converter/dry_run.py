@@ -35,9 +35,13 @@ def predicted_peak_bytes(plan: Plan, baseline_bytes: int, max_inflight_bytes: in
 
 def describe(plan: Plan, *, baseline_bytes: int, max_inflight_bytes: int) -> str:
   quantized = plan.source.quant_method
+  if plan.fp8:
+    reading = (f"; {quantized} kernels kept as {plan.fp8.weight_dtype} with their scales"
+               f" ({plan.fp8.block}-element blocks), the rest dequantized")
+  else:
+    reading = f"; {quantized} weights dequantized while streaming" if quantized else ""
   lines = [f"{plan.family.name} ({plan.config.architecture}) -> MaxText {plan.target_model},"
-           f" {'scanned' if plan.scan_layers else 'unscanned'}, {plan.save_dtype.name}"
-           + (f"; {quantized} weights dequantized while streaming" if quantized else ""), ""]
+           f" {'scanned' if plan.scan_layers else 'unscanned'}, {plan.save_dtype.name}" + reading, ""]
   width = max(len(leaf.name) for leaf in plan.leaves)
   formats = {leaf.name: " + ".join(leaf.formats) for leaf in plan.leaves}
   format_width = max(len(f) for f in formats.values())

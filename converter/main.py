@@ -47,6 +47,8 @@ flags.DEFINE_integer("max_inflight_bytes", 256 << 20, "Most bytes of materialise
 flags.DEFINE_boolean("dry_run", False, "Read only config.json and the safetensors headers; print the plan and exit.")
 flags.DEFINE_boolean("verify", False, "After saving, re-read every leaf block by block and compare with the source.")
 flags.DEFINE_boolean("resume", False, "Continue an interrupted conversion into OUTPUT_DIR from what it wrote durably.")
+flags.DEFINE_boolean("keep_fp8", False, "FP8 checkpoints: keep the FP8 kernels and write their block scales, as"
+                     " MaxText's fp8 models hold them (e.g. qwen3.5-35b-a3b-fp8); half the bytes. Default: dequantize.")
 flags.DEFINE_boolean("progress", True, "Progress bar on stderr (bytes, throughput, time left, RSS) when it is a terminal.")
 
 
@@ -108,7 +110,8 @@ def _run_to_huggingface() -> None:
 
 
 _TO_MAXTEXT_ONLY = ("scan_layers", "lazy_load_tensors", "simulated_cpu_devices_count", "save_dtype",
-                    "target_vocab_size", "allow_unused_tensors", "max_inflight_bytes", "dry_run", "verify", "resume")
+                    "target_vocab_size", "allow_unused_tensors", "max_inflight_bytes", "dry_run", "verify", "resume",
+                    "keep_fp8")
 
 
 def run() -> None:
@@ -147,6 +150,7 @@ def _run_to_maxtext() -> None:
         progress=progress,
         resume=FLAGS.resume,
         cancel=_cancel_on_signals(),
+        keep_fp8=FLAGS.keep_fp8,
     )
   finally:
     progress.close()
@@ -154,7 +158,10 @@ def _run_to_maxtext() -> None:
   plan = result.plan
   print(f"family:        {plan.family.name} ({plan.config.architecture}), target model {plan.target_model}")
   print(f"leaves:        {len(plan.leaves)} ({'scanned' if plan.scan_layers else 'unscanned'}, {plan.save_dtype.name})")
-  if plan.source.quant_method:
+  if plan.fp8:
+    print(f"source:        {plan.source.quant_method} weights, kept as {plan.fp8.weight_dtype} with their scales"
+          f" ({plan.fp8.block}-element blocks)")
+  elif plan.source.quant_method:
     print(f"source:        {plan.source.quant_method} weights, dequantized while streaming")
   print(f"bytes:         {plan.total_bytes:,}")
   print(f"seconds:       {seconds:.2f}")
@@ -166,7 +173,7 @@ def _run_to_maxtext() -> None:
   for warning in plan.warnings:
     print(f"warning:       {warning}")
   print(f"MaxText:       load_parameters_path={result.items_path} "
-        + " ".join(f"{k}={json.dumps(v)}" for k, v in result.overrides.items()))
+        + " ".join(f"{k}={json.dumps(v, separators=(',', ':'))}" for k, v in result.overrides.items()))
   if FLAGS.verify:
     _verify(plan, result.items_path)
 
@@ -195,7 +202,7 @@ def _dry_run() -> None:
   plan = conversion.plan_conversion(
       _resolve(FLAGS.hf_model_path), scan_layers=FLAGS.scan_layers, save_dtype=FLAGS.save_dtype,
       target_model=FLAGS.target_model, target_vocab_size=FLAGS.target_vocab_size,
-      allow_unused_tensors=FLAGS.allow_unused_tensors,
+      allow_unused_tensors=FLAGS.allow_unused_tensors, keep_fp8=FLAGS.keep_fp8,
   )
   print(dry_run.describe(plan, baseline_bytes=psutil.Process().memory_info().rss,
                          max_inflight_bytes=FLAGS.max_inflight_bytes))

@@ -15,11 +15,14 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from converter import families
+from converter import native_fp8
 from converter import ops as ops_lib
 from converter.errors import ConversionError
 from converter.families import Family, Layout, Param, ResolvedModel
 from converter.families.runtime import Runtime
 from converter.model_config import ModelConfig
+from converter.native_fp8 import Fp8Output
 from converter.ops import Op, output_shape
 from converter.sources import FLOATING, SourceTensor, TensorSource
 
@@ -192,6 +195,7 @@ def source_tensors(loader: Any) -> Iterator[SourceTensor]:
   """Every source tensor a leaf's loader reads."""
   if isinstance(loader, FromTensor):
     yield loader.tensor
+  yield from getattr(loader, "source_tensors", ())
   for part in getattr(loader, "parts", ()):
     yield from source_tensors(part[0] if isinstance(part, tuple) else part)
   inner = getattr(loader, "inner", None)
@@ -231,6 +235,7 @@ class Plan:
   leaves: tuple[Leaf, ...]
   unused_tensors: tuple[str, ...]
   warnings: tuple[str, ...]
+  fp8: Fp8Output | None = None  # Set by --keep_fp8: FP8 kernels and their scales, as MaxText's fp8 models hold them.
 
   @property
   def family(self) -> Family:
@@ -247,7 +252,8 @@ class Plan:
   @property
   def runtime(self) -> Runtime:
     """What MaxText computes with this checkpoint: the recorded overrides and the decoder's fixed rules."""
-    return self.model.runtime.replace_config(vocab_size=self.target_vocab_size, scan_layers=self.scan_layers)
+    fp8 = self.fp8.overrides() if self.fp8 else {}
+    return self.model.runtime.replace_config(vocab_size=self.target_vocab_size, scan_layers=self.scan_layers, **fp8)
 
   @property
   def total_bytes(self) -> int:
@@ -272,6 +278,9 @@ class _Sources:
     self._config = config
     self._dtype = save_dtype
     self.used: set[str] = set()
+
+  def has(self, name: str) -> bool:
+    return name in self._source.tensors
 
   def load(self, name: str, expected_shape: Shape, ops: tuple[Op, ...],
            lead: tuple[int, ...] = ()) -> tuple[FromTensor, Shape]:
@@ -357,6 +366,7 @@ def _by_leaf(params: tuple[Param, ...]) -> dict[str, list[Param]]:
 
 def _layer_leaves(sources: _Sources, layout: Layout, dtype: np.dtype) -> Iterator[Leaf]:
   for group in layout.groups:
+    group = group.resolved(sources.has)
     for maxtext, params in _by_leaf(group.params).items():
       per_layer = {layer: _leaf_loader(sources, params, layer, dtype) for _, layer in group.positions()}
       names = tuple(dict.fromkeys(n for _, _, ns in per_layer.values() for n in ns))
@@ -400,6 +410,7 @@ def build_plan(
     save_dtype: Any,
     target_vocab_size: int | None = None,
     allow_unused_tensors: bool = False,
+    keep_fp8: bool = False,
 ) -> Plan:
   config = model.config
   dtype = np.dtype(save_dtype)
@@ -438,4 +449,17 @@ def build_plan(
         f"{' ...' if len(unused) > 5 else ''}; the checkpoint may not match config.json"
         " (pass --allow_unused_tensors to convert anyway)"
     )
-  return Plan(model, source, target_vocab, scan_layers, dtype, tuple(leaves), tuple(unused), tuple(warnings))
+  fp8 = None
+  if keep_fp8:
+    fp8, leaves = _native_fp8(source, model, leaves)
+  return Plan(model, source, target_vocab, scan_layers, dtype, tuple(leaves), tuple(unused), tuple(warnings), fp8)
+
+
+def _native_fp8(source: TensorSource, model: ResolvedModel, leaves: list[Leaf]) -> tuple[Fp8Output, list[Leaf]]:
+  unquantized = model.family.fp8_unquantized_modules
+  if unquantized is None:
+    with_fp8 = sorted(f.name for f in families.FAMILIES if f.fp8_unquantized_modules is not None)
+    raise ConversionError(f"--keep_fp8: MaxText has no fp8 model for {model.family.name} ({model.target}); families"
+                          f" with one: {', '.join(with_fp8)}. Convert without it (dequantized)")
+  fp8 = native_fp8.fp8_output(list(source.tensors.values()), unquantized, source.location)
+  return fp8, native_fp8.native_fp8_leaves(leaves, fp8, Leaf)

@@ -215,7 +215,7 @@ def plan_to_huggingface(
   if reader is None:
     from converter.checkpoint_reader import CheckpointReader  # pylint: disable=g-import-not-at-top
 
-    reader = CheckpointReader(items_path)
+    reader = CheckpointReader(items_path, dequantize_fp8=True)
   params = {k[len(PARAMS):]: a for k, a in reader.arrays.items() if k[: len(PARAMS)] == PARAMS}
   if not params:
     raise ConversionError(f"{items_path}: no arrays under params/params (not a MaxText TrainState checkpoint)")
@@ -285,6 +285,7 @@ def plan_to_huggingface(
   for param in layout.top:
     add(param, tuple(param.maxtext.split("/")), None)
   for group in layout.groups:
+    group = group.resolved()
     for param in group.params:
       add(param, tuple(group.path) + tuple(param.maxtext.split("/")), group)
 

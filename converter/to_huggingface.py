@@ -167,7 +167,7 @@ def convert_to_huggingface(
   from converter.checkpoint_reader import CheckpointReader  # pylint: disable=g-import-not-at-top
 
   items_path = items_path_of(checkpoint_path)
-  reader = CheckpointReader(items_path)
+  reader = CheckpointReader(items_path, dequantize_fp8=True)
   plan = plan_to_huggingface(items_path, family=family, hf_config_path=hf_config_path, target_model=target_model,
                              reader=reader)
   for warning in plan.warnings:

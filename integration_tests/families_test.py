@@ -74,7 +74,8 @@ class FamiliesTest(parameterized.TestCase):
   @parameterized.named_parameters(*CELLS)
   def test_logits_match_transformers(self, model, family, target, devices, scan):
     model_dir, reference = tiny_model(model)
-    items = convert(model_dir, f"--simulated_cpu_devices_count={devices}", f"--scan_layers={scan}")
+    items = convert(model_dir, f"--simulated_cpu_devices_count={devices}", f"--scan_layers={scan}",
+                    *tiny_models.TINY_MODELS[model].converter_flags)
     info = checkpoint_io.custom_metadata(items)["hf2maxtext"]
     self.assertEqual((info["family"], info["target_model"]), (family, target))
     report = validate_lib.validate(model_dir, items, reference=reference)
@@ -231,6 +232,88 @@ class FamiliesTest(parameterized.TestCase):
     self.assertEqual(checkpoint_io.trees_bit_identical(checkpoint_io.restore_v0(os.path.join(out, "0", "items")),
                                                        checkpoint_io.restore_v0(direct)), [])
 
+  def test_qwen3_next_scanned_blocks_then_layers(self):
+    # 8 layers in cycles of 4: local_layers stacks (block, layer in block) after the feature axis, global_layer the
+    # blocks' full-attention layers (3 and 7).
+    decoder, hf, _ = self._tree("qwen3_next")
+    local = decoder["layers"]["local_layers"]["attention"]
+    self.assertEqual(local["in_proj_qkvz"]["kernel"].shape, (128, 2, 3, 256))
+    np.testing.assert_array_equal(local["in_proj_qkvz"]["kernel"][:, 1, 2],
+                                  hf["model.layers.6.linear_attn.in_proj_qkvz.weight"].T)
+    np.testing.assert_array_equal(local["A_log"][:, 1, 0], hf["model.layers.4.linear_attn.A_log"])
+    np.testing.assert_array_equal(local["conv1d"]["kernel"][:, 0, 1],
+                                  hf["model.layers.1.linear_attn.conv1d.weight"].transpose(2, 1, 0))
+    attention = decoder["layers"]["global_layer"]["attention"]["attention"]
+    np.testing.assert_array_equal(attention["out"]["kernel"][:, 1], hf["model.layers.7.self_attn.o_proj.weight"].T)
+    # The query kernel holds each head's query then its output gate.
+    np.testing.assert_array_equal(attention["query"]["kernel"][:, 0],
+                                  hf["model.layers.3.self_attn.q_proj.weight"].T.reshape(128, 4, 96))
+
+  def test_qwen3_5_linear_projections_regrouped_per_key_head(self):
+    # HF: in_proj_qkv = [q of every key head | k | v], in_proj_z, in_proj_b, in_proj_a apart. MaxText: [q, k, v, z]
+    # and [b, a] for each of the 2 key heads (2 value heads each). Scanned, layer_1 holds HF layers 1 and 5.
+    decoder, hf, _ = self._tree("qwen3_5")
+    attention = decoder["layers"]["layer_1"]["attention"]
+    E, Hk, Dk, Dv, r = 128, 2, 16, 24, 2
+    a = "model.layers.5.linear_attn"
+    qkv, z = hf[f"{a}.in_proj_qkv.weight"].T, hf[f"{a}.in_proj_z.weight"].T
+    per_key_head = [qkv[:, :Hk * Dk], qkv[:, Hk * Dk:2 * Hk * Dk], qkv[:, 2 * Hk * Dk:], z]
+    qkvz = np.concatenate([x.reshape(E, Hk, -1) for x in per_key_head], axis=-1).reshape(E, -1)
+    self.assertEqual(qkvz.shape, (E, Hk * (2 * Dk + 2 * r * Dv)))
+    np.testing.assert_array_equal(attention["in_proj_qkvz"]["kernel"][:, 1], qkvz)
+    ba = np.concatenate([hf[f"{a}.in_proj_{x}.weight"].T.reshape(E, Hk, r) for x in "ba"], axis=-1).reshape(E, -1)
+    np.testing.assert_array_equal(attention["in_proj_ba"]["kernel"][:, 1], ba)
+
+  def test_qwen3_5_fused_experts_convert_as_per_expert(self):
+    # The hub repos fuse each layer's experts (gate_up_proj, the gate's rows first; down_proj); transformers 5.24
+    # saves them one by one: the same model either way.
+    model_dir, reference = tiny_model("qwen3_5")
+    hf = load_hf(model_dir)
+    fused = {n: v for n, v in hf.items() if ".mlp.experts." not in n}
+    for layer in range(8):
+      e = f"model.layers.{layer}.mlp.experts"
+      fused[f"{e}.gate_up_proj"] = np.stack([np.concatenate([hf[f"{e}.{x}.gate_proj.weight"],
+                                                             hf[f"{e}.{x}.up_proj.weight"]]) for x in range(4)])
+      fused[f"{e}.down_proj"] = np.stack([hf[f"{e}.{x}.down_proj.weight"] for x in range(4)])
+    path = copy_model(model_dir, fused)
+    for scan in (True, False):
+      per_expert = checkpoint_io.restore_v0(self._tree("qwen3_5", f"--scan_layers={scan}")[2])
+      items = convert(path, "--simulated_cpu_devices_count=1", f"--scan_layers={scan}")
+      self.assertEqual(checkpoint_io.trees_bit_identical(checkpoint_io.restore_v0(items), per_expert), [])
+    report = validate_lib.validate(model_dir, items, reference=reference)
+    self.assertEqual(report.failures(THRESHOLDS), [], report)
+
+  def test_qwen3_5_conditional_generation_converts_its_text_weights(self):
+    # The hub's multimodal wrapper: text weights under model.language_model, the vision tower under model.visual,
+    # the multi-token-prediction module under mtp; the text config nested.
+    model_dir, _ = tiny_model("qwen3_5")
+    hf = load_hf(model_dir)
+    wrapped = {n.replace("model.", "model.language_model.", 1): v for n, v in hf.items()}
+    wrapped["model.visual.patch_embed.proj.weight"] = np.zeros((8, 8), np.float32)
+    wrapped["mtp.fc.weight"] = np.zeros((8, 8), np.float32)
+    with open(os.path.join(model_dir, "config.json")) as f:
+      text_config = json.load(f)
+    path = copy_model(model_dir, wrapped, replace_config={
+        "architectures": ["Qwen3_5MoeForConditionalGeneration"], "model_type": "qwen3_5_moe",
+        "text_config": dict(text_config, model_type="qwen3_5_moe_text"), "vision_config": {"depth": 2},
+        "tie_word_embeddings": False})
+    out = harness.scratch_dir("mt-")
+    result = harness.run_converter(f"--hf_model_path={path}", f"--output_dir={out}", "--save_dtype=float32",
+                                   "--simulated_cpu_devices_count=1")
+    self.assertIn("vision tower", result.stdout)
+    self.assertIn("multi-token-prediction", result.stdout)
+    _, _, direct = self._tree("qwen3_5")
+    self.assertEqual(checkpoint_io.trees_bit_identical(checkpoint_io.restore_v0(os.path.join(out, "0", "items")),
+                                                       checkpoint_io.restore_v0(direct)), [])
+
+  def test_olmo3_global_query_key_norms(self):
+    # OLMo 3 normalises q and k over all heads at once: one (H * D,) scale, stored flat.
+    decoder, hf, _ = self._tree("olmo3", "--scan_layers=false")
+    attention = decoder["layers_2"]["attention"]
+    np.testing.assert_array_equal(attention["query_norm"]["scale"], hf["model.layers.2.self_attn.q_norm.weight"])
+    self.assertEqual(attention["key_norm"]["scale"].shape, hf["model.layers.2.self_attn.k_norm.weight"].shape)
+    self.assertNotIn("pre_self_attention_layer_norm", decoder["layers_2"])
+
   def test_unsupported_architecture_lists_supported_ones(self):
     model_dir, _ = tiny_model("qwen3")
     broken = harness.scratch_dir("unsupported-")
@@ -244,6 +327,100 @@ class FamiliesTest(parameterized.TestCase):
     self.assertIn("FalconForCausalLM", result.stderr)
     for supported in ("LlamaForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM"):
       self.assertIn(supported, result.stderr)
+
+  # --- Gemma 4 ------------------------------------------------------------------------------------------------------
+
+  def test_gemma4_scanned_blocks_and_fused_experts(self):
+    # 12 layers = 2 blocks of 5 sliding + 1 global: local_layers stacks (block, layer in block) after the experts
+    # axis, so HF layer 8 is [:, 1, 2]; gate_up_proj (X, 2M, E) holds the gate in its first M rows.
+    decoder, hf, items = self._tree("gemma4_moe")
+    local, global_layer = decoder["scanned_blocks"]["local_layers"], decoder["scanned_blocks"]["global_layer"]
+    experts = local["mlp"]["moe_block"]["MoeBlock_0"]
+    self.assertEqual(experts["wi_0"].shape, (8, 2, 5, 256, 64))
+    gate_up = hf["model.layers.8.experts.gate_up_proj"]
+    np.testing.assert_array_equal(experts["wi_0"][:, 1, 2], gate_up[:, :64].transpose(0, 2, 1))
+    np.testing.assert_array_equal(experts["wi_1"][:, 1, 2], gate_up[:, 64:].transpose(0, 2, 1))
+    np.testing.assert_array_equal(experts["wo"][:, 1, 2], hf["model.layers.8.experts.down_proj"].transpose(0, 2, 1))
+    np.testing.assert_array_equal(experts["per_expert_scale"][:, 1, 2], hf["model.layers.8.router.per_expert_scale"])
+    np.testing.assert_array_equal(local["layer_scalar"][:, 0, 3], hf["model.layers.3.layer_scalar"])
+    # Global layers (5 and 11): the router's input scale, norms as they are (no + 1), one KV head of 96 whose
+    # values are its keys (attention_k_eq_v: no value kernel).
+    np.testing.assert_array_equal(global_layer["mlp"]["pre_forward_scale_2"][:, 1], hf["model.layers.11.router.scale"])
+    np.testing.assert_array_equal(global_layer["mlp"]["post_feedforward_layernorm_1"]["scale"][:, 0],
+                                  hf["model.layers.5.post_feedforward_layernorm_1.weight"])
+    self.assertEqual(global_layer["self_attention"]["key"]["kernel"].shape, (256, 2, 1, 96))
+    self.assertNotIn("value", global_layer["self_attention"])
+    self.assertIn("value", local["self_attention"])
+    self.assertNotIn("layers_remainder", decoder)
+    embedding = checkpoint_io.restore_v0(items)["params"]["params"]["token_embedder"]["embedding"]
+    np.testing.assert_array_equal(embedding, hf["model.embed_tokens.weight"] * np.float32(16))  # sqrt(E), exact.
+
+  def test_gemma4_kv_shared_layers_and_per_layer_inputs(self):
+    # E2B-like, 10 layers: 6-9 reuse earlier keys and values (no k/v kernels, no key norm) and have MLPs twice as
+    # wide; the per-layer table is stored unscaled.
+    decoder, hf, _ = self._tree("gemma4_e2b", "--scan_layers=false")
+    for i in range(10):
+      shared = i >= 6
+      attention = decoder[f"layers_{i}"]["self_attention"]
+      self.assertEqual({"key", "value", "key_norm"} & set(attention), set() if shared else {"key", "value", "key_norm"})
+      self.assertEqual(decoder[f"layers_{i}"]["mlp"]["wi_0"]["kernel"].shape, (256, 256 if shared else 128))
+    np.testing.assert_array_equal(decoder["per_layer_embedder"]["embed_tokens_per_layer"],
+                                  hf["model.embed_tokens_per_layer.weight"])
+    np.testing.assert_array_equal(decoder["layers_9"]["per_layer_input_gate"]["kernel"],
+                                  hf["model.layers.9.per_layer_input_gate.weight"].T)
+
+  def test_gemma4_small_refuses_scan_layers_at_once(self):
+    model_dir, _ = tiny_model("gemma4_e2b")
+    out = harness.scratch_dir("mt-")
+    result = harness.run_converter(f"--hf_model_path={model_dir}", f"--output_dir={out}", "--scan_layers=true",
+                                   check=False)
+    self.assertEqual(result.returncode, 1)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    self.assertLen(errors, 1, result.stderr)
+    self.assertIn("no scanned form of gemma4-e2b", errors[0])
+    self.assertIn("--noscan_layers", errors[0])
+    self.assertFalse(os.path.exists(os.path.join(out, "0")))
+
+  def test_gemma4_kv_tensors_of_shared_layers_are_skipped(self):
+    # Hub E2B/E4B checkpoints keep k/v projections and norms for the KV-shared layers; transformers drops them.
+    model_dir, _ = tiny_model("gemma4_e4b")
+    hf = load_hf(model_dir)
+    extra = dict(hf)
+    for layer, donor in ((8, 7), (11, 5)):
+      for name in ("k_proj", "v_proj", "k_norm"):
+        extra[f"model.layers.{layer}.self_attn.{name}.weight"] = hf[f"model.layers.{donor}.self_attn.{name}.weight"]
+    out = harness.scratch_dir("mt-")
+    result = harness.run_converter(f"--hf_model_path={copy_model(model_dir, extra)}", f"--output_dir={out}",
+                                   "--save_dtype=float32", "--simulated_cpu_devices_count=1", "--scan_layers=false")
+    self.assertLen([line for line in result.stdout.splitlines() if "KV-shared layers" in line], 1, result.stdout)
+    _, _, direct = self._tree("gemma4_e4b", "--scan_layers=false")
+    self.assertEqual(checkpoint_io.trees_bit_identical(checkpoint_io.restore_v0(os.path.join(out, "0", "items")),
+                                                       checkpoint_io.restore_v0(direct)), [])
+
+  def test_gemma4_conditional_generation_converts_its_text_weights(self):
+    # The hub's multimodal checkpoint: text weights under model.language_model, towers and embedders beside them,
+    # and a hub-style text config (global layers' sizes as global_head_dim / num_global_key_value_heads).
+    model_dir, _ = tiny_model("gemma4_moe")
+    hf = load_hf(model_dir)
+    wrapped = {n.replace("model.", "model.language_model.", 1): v for n, v in hf.items()}
+    for module in ("vision_tower.encoder.layers.0.mlp.gate_proj.linear", "embed_vision.embedding_projection",
+                   "audio_tower.layers.0.feed_forward1.ffw_layer_1.linear", "embed_audio.embedding_projection"):
+      wrapped[f"model.{module}.weight"] = np.zeros((8, 8), np.float32)
+    with open(os.path.join(model_dir, "config.json")) as f:
+      text_config = json.load(f)
+    del text_config["per_layer_config"]
+    text_config.update(global_head_dim=96, num_global_key_value_heads=1)
+    path = copy_model(model_dir, wrapped, replace_config={
+        "architectures": ["Gemma4ForConditionalGeneration"], "model_type": "gemma4", "text_config": text_config,
+        "vision_config": {"model_type": "gemma4_vision"}, "audio_config": {"model_type": "gemma4_audio"}})
+    out = harness.scratch_dir("mt-")
+    result = harness.run_converter(f"--hf_model_path={path}", f"--output_dir={out}", "--save_dtype=float32",
+                                   "--simulated_cpu_devices_count=1")
+    self.assertLen([line for line in result.stdout.splitlines() if "not the text model" in line], 1, result.stdout)
+    self.assertIn("skipped 4 tensor(s)", result.stdout)
+    _, _, direct = self._tree("gemma4_moe")
+    self.assertEqual(checkpoint_io.trees_bit_identical(checkpoint_io.restore_v0(os.path.join(out, "0", "items")),
+                                                       checkpoint_io.restore_v0(direct)), [])
 
 
 if __name__ == "__main__":

@@ -1,11 +1,14 @@
-"""Checkpoints as DeepSeek and GPT-OSS ship them, quantized by the test itself, converted directly.
+"""Checkpoints as DeepSeek, GPT-OSS and Qwen3.5 ship them, quantized by the test itself, converted directly.
 
 A tiny DeepSeek V3 gets FP8 block scales of 48x40 values (non-square, with partial last blocks on both axes of
-most weights: 192 / 40, 64 / 40, 256 / 48 ...), a tiny GPT-OSS gets MXFP4 experts. Each conversion must equal,
-bit for bit, the conversion of the same weights dequantized by an independent numpy reference (tools/quantize.py)
-and saved as plain float32; its logits must match transformers run on those dequantized weights; `--dry_run`
-names the storage formats; the reverse direction gives back the dequantized weights; and a quantized checkpoint
-the converter cannot read is refused with the tensor and the reason.
+most weights: 192 / 40, 64 / 40, 256 / 48 ...), a tiny GPT-OSS gets MXFP4 experts, a tiny Qwen3.5 FP8 blocks of
+32x32 with BF16 scales (tools/tiny_models.py `qwen3_5_fp8`). Each conversion must equal, bit for bit, the
+conversion of the same weights dequantized by an independent numpy reference (tools/quantize.py) and saved as
+plain float32; its logits must match transformers run on those dequantized weights; `--dry_run` names the storage
+formats; the reverse direction gives back the dequantized weights; and a quantized checkpoint the converter cannot
+read is refused with the tensor and the reason. `--keep_fp8` (MaxText's native fp8 model) must give FP8 kernels
+whose MaxText dequantization is the dequantized conversion, bit for bit, and refuse what MaxText's fp8 tree cannot
+hold.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from integration_tests import harness
 
 harness.start_jax()
 
+import ml_dtypes  # pylint: disable=g-import-not-at-top,g-bad-import-order
 import numpy as np  # pylint: disable=g-import-not-at-top,g-bad-import-order
 from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
 
@@ -28,8 +32,9 @@ from tools.safetensors_writer import write_safetensors  # pylint: disable=g-impo
 
 FP8_BLOCK = (48, 40)
 THRESHOLDS = validate_lib.Thresholds(max_abs_diff=1e-4, min_cosine=0.99999, min_argmax_agreement=1.0)
+FORMATS = ("fp8", "mxfp4", "qwen3_5_fp8")
 CELLS = [dict(testcase_name=f"{fmt}_devices{d}_{'scan' if s else 'noscan'}", fmt=fmt, devices=d, scan=s)
-         for fmt, d, s in itertools.product(("fp8", "mxfp4"), (1, 16), (True, False))]
+         for fmt, d, s in itertools.product(FORMATS, (1, 16), (True, False))]
 
 _models: dict[str, tuple[str, str, np.ndarray]] = {}
 
@@ -37,11 +42,15 @@ _models: dict[str, tuple[str, str, np.ndarray]] = {}
 def quantized_model(fmt: str) -> tuple[str, str, np.ndarray]:
   """(quantized checkpoint, its numpy dequantization in float32, transformers' logits on the latter)."""
   if fmt not in _models:
-    base = tiny_models.build_tiny_model("deepseek3" if fmt == "fp8" else "gpt_oss", harness.scratch_dir(f"{fmt}-hf-"))
-    if fmt == "fp8":
-      quantized = quantize.quantize_fp8(base, harness.scratch_dir("fp8-"), FP8_BLOCK)
+    if fmt == "qwen3_5_fp8":  # Shipped as FP8 by its row.
+      quantized = tiny_models.build_tiny_model(fmt, harness.scratch_dir(f"{fmt}-"))
     else:
-      quantized = quantize.quantize_mxfp4(base, harness.scratch_dir("mxfp4-"))
+      base = tiny_models.build_tiny_model("deepseek3" if fmt == "fp8" else "gpt_oss",
+                                          harness.scratch_dir(f"{fmt}-hf-"))
+      if fmt == "fp8":
+        quantized = quantize.quantize_fp8(base, harness.scratch_dir("fp8-"), FP8_BLOCK)
+      else:
+        quantized = quantize.quantize_mxfp4(base, harness.scratch_dir("mxfp4-"))
     reference = quantize.dequantize(quantized, harness.scratch_dir(f"{fmt}-dequantized-"))
     config = validate_lib.load_model_config(reference)
     logits = validate_lib.reference_logits(reference, validate_lib.token_ids(config.vocab_size, 2, 32, 0))
@@ -65,9 +74,9 @@ class QuantizedTest(parameterized.TestCase):
     report = validate_lib.validate(reference_dir, items, reference=reference)
     self.assertEqual(report.failures(THRESHOLDS), [], report)
     info = checkpoint_io.custom_metadata(items)["hf2maxtext"]
-    self.assertEqual(info["quant_method"], fmt)
+    self.assertEqual(info["quant_method"], fmt.rsplit("_", 1)[-1])
 
-  @parameterized.product(fmt=("fp8", "mxfp4"), save_dtype=("float32", "bfloat16"))
+  @parameterized.product(fmt=FORMATS, save_dtype=("float32", "bfloat16"))
   def test_every_leaf_equals_the_numpy_dequantization(self, fmt, save_dtype):
     # Dequantized in float32 and rounded once to the save dtype: the same bytes as converting the float32
     # reference, whatever the blocks, partial ones included.
@@ -99,10 +108,10 @@ class QuantizedTest(parameterized.TestCase):
       self.assertIn(f"{fmt} weights dequantized while streaming", result.stdout)
       self.assertFalse(os.path.exists(out))
 
-  @parameterized.parameters("fp8", "mxfp4")
-  def test_back_to_huggingface_gives_the_dequantized_weights(self, fmt):
+  @parameterized.parameters(("fp8",), ("mxfp4",), ("qwen3_5_fp8", "--keep_fp8"))
+  def test_back_to_huggingface_gives_the_dequantized_weights(self, fmt, *flags):
     quantized, reference_dir, _ = quantized_model(fmt)
-    items = convert(quantized, "--save_dtype=bfloat16", "--simulated_cpu_devices_count=1")
+    items = convert(quantized, "--save_dtype=bfloat16", "--simulated_cpu_devices_count=1", *flags)
     back = os.path.join(harness.scratch_dir("back-"), "hf")
     result = harness.run_converter("--direction=to_huggingface", f"--checkpoint_path={items}", f"--output_dir={back}")
     self.assertIn("come back dequantized", result.stderr + result.stdout)
@@ -113,6 +122,86 @@ class QuantizedTest(parameterized.TestCase):
       self.assertEqual(tensors[name].tobytes(), value.astype(tensors[name].dtype).tobytes(), name)
     with open(os.path.join(back, "config.json")) as f:
       self.assertNotIn("quantization_config", json.load(f))
+
+
+class NativeFp8Test(parameterized.TestCase):
+  """`--keep_fp8` on the Qwen3.5-FP8 row (its logits at devices {1, 16} x scan {on, off} are in families_test)."""
+
+  @parameterized.parameters(True, False)
+  def test_maxtext_dequantization_is_the_dequantized_conversion(self, scan):
+    quantized, _, _ = quantized_model("qwen3_5_fp8")
+    flags = ("--save_dtype=float32", "--simulated_cpu_devices_count=1", f"--scan_layers={scan}")
+    native_items = convert(quantized, "--keep_fp8", *flags)
+    native = checkpoint_io.restore_v0(native_items)["params"]["params"]
+    plain = checkpoint_io.restore_v0(convert(quantized, *flags))["params"]["params"]
+    native_leaves, plain_leaves = checkpoint_io.flatten(native), checkpoint_io.flatten(plain)
+    scale_of = lambda key: key[:-2] + "_scale']"  # "...['kernel']" -> "...['kernel_scale']"
+    kernels = {k: v for k, v in native_leaves.items() if v.dtype == ml_dtypes.float8_e4m3fn}
+    scales = {k for k in native_leaves if k.endswith("_scale']")}
+    # Every projection, shared and routed expert kernel: 8 per linear-attention layer (qkvz, out, 3 shared, 3
+    # routed), 10 per full-attention layer (q, k, v, out + 6); none of the routers, conv1d, norms, in_proj_ba.
+    expected_kernels = (6 * 8 + 2 * 10) if not scan else (3 * 8 + 10)
+    self.assertLen(kernels, expected_kernels)
+    self.assertLen(scales, expected_kernels)
+    self.assertEqual(set(native_leaves) - scales, set(plain_leaves))
+    for key in kernels:
+      self.assertEqual(native_leaves[scale_of(key)].dtype, np.float32)
+      self.assertEqual(kernels[key].nbytes * 4, plain_leaves[key].nbytes)
+    dequantized = validate_lib.dequantize_fp8_leaves(native)
+    self.assertEqual(checkpoint_io.trees_bit_identical(dequantized, plain), [])
+    overrides = checkpoint_io.custom_metadata(native_items)["hf2maxtext"]["maxtext_overrides"]
+    self.assertEqual((overrides["weight_dtype"], overrides["weight_block_size"]), ("float8_e4m3fn", 32))
+    self.assertIn("in_proj_ba", overrides["unquantized_modules"])
+
+  def test_scales_regrouped_per_key_head_in_block_units(self):
+    # in_proj_qkvz (E 128, 2 key heads x [q 32 | k 32 | v 64 | z 64]): 4 x 12 scales; key head 1 takes blocks 6-11
+    # from in_proj_qkv's block rows 1 (q1), 3 (k1), 6-7 (v1) and in_proj_z's rows 2-3 (z1), transposed.
+    quantized, _, _ = quantized_model("qwen3_5_fp8")
+    native = checkpoint_io.restore_v0(convert(quantized, "--keep_fp8", "--simulated_cpu_devices_count=1",
+                                              "--scan_layers=false"))["params"]["params"]["decoder"]
+    stored = quantize.load_tensors(quantized)
+    qkv = stored["model.layers.1.linear_attn.in_proj_qkv.weight_scale_inv"].astype(np.float32)
+    z = stored["model.layers.1.linear_attn.in_proj_z.weight_scale_inv"].astype(np.float32)
+    scale = native["layers_1"]["attention"]["in_proj_qkvz"]["kernel_scale"]
+    self.assertEqual(scale.shape, (4, 12))
+    np.testing.assert_array_equal(scale[:, 6:12], np.concatenate([qkv[[1, 3, 6, 7]], z[2:4]]).T)
+    # A heads kernel (E, H 4, 2D 128): H is below the block, so one scale per head; 2D holds 4 blocks.
+    query = native["layers_3"]["attention"]["attention"]["query"]
+    self.assertEqual(query["kernel_scale"].shape, (4, 4, 4))
+    q = stored["model.layers.3.self_attn.q_proj.weight_scale_inv"].astype(np.float32)  # (16, 4): 4 per head
+    np.testing.assert_array_equal(query["kernel_scale"][:, 2], q[8:12].T)
+    wo = native["layers_0"]["mlp"]["routed_experts"]["wo_scale"]
+    self.assertEqual(wo.shape, (4, 2, 4))  # (experts, M 64 / 32, E 128 / 32)
+    np.testing.assert_array_equal(
+        wo[3], stored["model.layers.0.mlp.experts.3.down_proj.weight_scale_inv"].astype(np.float32).T)
+
+  def test_refused_with_the_reason(self):
+    quantized, reference_dir, _ = quantized_model("qwen3_5_fp8")
+    harness.assert_refused(self, reference_dir, "--keep_fp8 needs an FP8 checkpoint", flags=("--keep_fp8",))
+    deepseek, _, _ = quantized_model("fp8")
+    harness.assert_refused(self, deepseek, "MaxText has no fp8 model for deepseek", "qwen3_5", flags=("--keep_fp8",))
+    base = tiny_models.build_tiny_model("qwen3_5", harness.scratch_dir("qwen3_5-hf-"), head_dim=64,
+                                        linear_key_head_dim=32, linear_value_head_dim=32)
+    weights = quantize.QWEN3_5_FP8_WEIGHTS.match
+    non_square = quantize.quantize_fp8(base, harness.scratch_dir("fp8-"), (32, 64), weights)
+    harness.assert_refused(self, non_square, "32x64", "one weight_block_size", flags=("--keep_fp8",))
+    # Blocks of 48 rows: a MaxText block of key (E, KV 2, D 64) spans rows 0-47 and 48-63 of HF's first blocks.
+    misaligned = quantize.quantize_fp8(base, harness.scratch_dir("fp8-"), (48, 48), weights)
+    harness.assert_refused(self, misaligned, "do not line up", "without --keep_fp8", flags=("--keep_fp8",))
+    # One q_proj left in BF16 where MaxText's tree holds FP8: never quantized here.
+    partial = quantize.quantize_fp8(base, harness.scratch_dir("fp8-"), (32, 32),
+                                    lambda n: weights(n) and n != "model.layers.7.self_attn.q_proj.weight")
+    harness.assert_refused(self, partial, "model.layers.7.self_attn.q_proj.weight", "never quantizes",
+                           flags=("--keep_fp8",))
+
+  def test_dry_run_shows_kept_fp8_leaves(self):
+    quantized, _, _ = quantized_model("qwen3_5_fp8")
+    out = os.path.join(harness.scratch_dir("dry-"), "out")
+    result = harness.run_converter(f"--hf_model_path={quantized}", f"--output_dir={out}", "--dry_run", "--keep_fp8")
+    self.assertIn("kernels kept as float8_e4m3fn with their scales (32-element blocks)", result.stdout)
+    self.assertIn("kernel_scale", result.stdout)
+    self.assertIn("float8_e4m3fn", result.stdout)
+    self.assertFalse(os.path.exists(out))
 
 
 class QuantizedBadInputTest(absltest.TestCase):

@@ -2,6 +2,7 @@
 
   bazel run //tools:benchmark -- --family=qwen3_moe --size_gb=8 --devices=1,16 --runs=3
   bazel run //tools:benchmark -- --family=deepseek3_fp8 --size_gb=6 --devices=1 --runs=3
+  bazel run //tools:benchmark -- --family=qwen3_5_fp8 --size_gb=4 --devices=1 --runs=3
 
 Writes a synthetic HF checkpoint of the family and size (numpy, random gaussian values; FP8 with block scales for
 deepseek3_fp8), then for each device count runs the real converter binary in a child process `--runs` times,
@@ -11,7 +12,8 @@ bfloat16), with fsync: no converter can beat it on this disk. Prints medians and
 
 For a quantized input it also times, in the same run, the route MaxText offers: a separate pass that writes a
 dequantized bfloat16 copy (tools/dequantize_checkpoint.py), then the conversion of that copy, which is also the
-bfloat16 baseline for peak memory.
+bfloat16 baseline for peak memory. Where MaxText has a native fp8 model of the family (qwen3_5_fp8), it also
+times `--keep_fp8`, against its own floor: the output is then about as large as the input.
 """
 
 from __future__ import annotations
@@ -132,10 +134,10 @@ def _du(path: str) -> int:
   return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
 
 
-def _convert_command(input_dir: str, output_dir: str, devices: str) -> list[str]:
+def _convert_command(input_dir: str, output_dir: str, devices: str, *flags_: str) -> list[str]:
   command = [sys.executable, os.path.join(_REPO, "converter", "main.py"), f"--hf_model_path={input_dir}",
              f"--output_dir={output_dir}", "--overwrite", f"--simulated_cpu_devices_count={devices}",
-             f"--scan_layers={FLAGS.scan_layers}", "--noprogress"]
+             f"--scan_layers={FLAGS.scan_layers}", "--noprogress", *flags_]
   if FLAGS.max_inflight_bytes:
     command.append(f"--max_inflight_bytes={FLAGS.max_inflight_bytes}")
   return command
@@ -149,6 +151,13 @@ def _run(label: str, command: list[str], env: dict[str, str], cgroup: MemoryCgro
   return wall, peak
 
 
+def _has_native_fp8(input_dir: str) -> bool:
+  from converter import families  # pylint: disable=g-import-not-at-top
+  from converter.model_config import load_model_config  # pylint: disable=g-import-not-at-top
+
+  return families.resolve(load_model_config(input_dir)).family.fp8_unquantized_modules is not None
+
+
 def main(argv: list[str]) -> None:
   del argv
   target = int(FLAGS.size_gb * 1e9)
@@ -157,18 +166,20 @@ def main(argv: list[str]) -> None:
     shutil.rmtree(input_dir, ignore_errors=True)
     start = time.monotonic()
     config, written = synthetic_checkpoint.write_family_checkpoint(input_dir, FLAGS.family, target)
-    print(f"wrote {written / 1e9:.2f} GB synthetic {FLAGS.family} ({config['num_hidden_layers']} layers) to"
+    layers = config.get("text_config", config)["num_hidden_layers"]
+    print(f"wrote {written / 1e9:.2f} GB synthetic {FLAGS.family} ({layers} layers) to"
           f" {input_dir} in {time.monotonic() - start:.1f} s", flush=True)
   with open(os.path.join(input_dir, "config.json")) as f:
     quantized = "quantization_config" in json.load(f)
+  native = quantized and _has_native_fp8(input_dir)
   output_dir = os.path.join(FLAGS.work_dir, "out")
   copy_dir = os.path.join(FLAGS.work_dir, "dequantized")
   env = dict(os.environ, PYTHONPATH=_REPO)
   cgroup = MemoryCgroup(int(FLAGS.memory_limit_gib * 2**30)) if FLAGS.memory_limit_gib else None
   input_bytes = sum(os.path.getsize(os.path.join(input_dir, f)) for f in os.listdir(input_dir))
-  floors, rows = [], []
+  floors, native_floors, rows, native_rows = [], [], [], []
   for devices in FLAGS.devices:
-    walls, peaks, routes = [], [], []
+    walls, peaks, routes, native_runs = [], [], [], []
     for _ in range(FLAGS.runs):
       shutil.rmtree(output_dir, ignore_errors=True)  # Disk: input + the floor's copy must fit, not + output too.
       floors.append(io_floor(input_dir, FLAGS.work_dir, 2.0 if quantized else 1.0)[0])
@@ -176,6 +187,12 @@ def main(argv: list[str]) -> None:
       walls.append(wall)
       peaks.append(peak)
       out_bytes = _du(output_dir)
+      if native:
+        shutil.rmtree(output_dir, ignore_errors=True)
+        native_floors.append(io_floor(input_dir, FLAGS.work_dir, 1.0)[0])
+        native_wall, native_peak = _run("  --keep_fp8", _convert_command(input_dir, output_dir, devices, "--keep_fp8"),
+                                        env, cgroup)
+        native_runs.append((native_wall, native_peak, _du(output_dir)))
       if quantized:
         shutil.rmtree(output_dir, ignore_errors=True)
         shutil.rmtree(copy_dir, ignore_errors=True)
@@ -188,6 +205,8 @@ def main(argv: list[str]) -> None:
         shutil.rmtree(copy_dir, ignore_errors=True)
     rows.append((devices, statistics.median(walls), statistics.median(peaks), out_bytes,
                  [statistics.median(r[k] for r in routes) for k in range(4)] if routes else None))
+    if native_runs:
+      native_rows.append((devices, *(statistics.median(r[k] for r in native_runs) for k in range(3))))
   shutil.rmtree(output_dir, ignore_errors=True)
   if cgroup:
     cgroup.remove()
@@ -202,6 +221,13 @@ def main(argv: list[str]) -> None:
     print(f"| {FLAGS.family} | {input_bytes / 1e9:.1f} GB | {devices} | {'on' if FLAGS.scan_layers else 'off'} |"
           f" {wall:.1f} s | {peak / 2**30:.2f} GiB | {out_bytes / 1e9:.2f} GB | {input_bytes / wall / 1e6:.0f} MB/s |"
           f" {floor:.1f} s | {wall / floor:.2f} |")
+  if native_rows:
+    native_floor = statistics.median(native_floors)
+    for devices, wall, peak, out_bytes in native_rows:
+      print(f"| {FLAGS.family}, --keep_fp8 (native fp8 output) | {input_bytes / 1e9:.1f} GB | {devices} |"
+            f" {'on' if FLAGS.scan_layers else 'off'} | {wall:.1f} s | {peak / 2**30:.2f} GiB |"
+            f" {out_bytes / 1e9:.2f} GB | {input_bytes / wall / 1e6:.0f} MB/s | {native_floor:.1f} s (read + write"
+            f" as much) | {wall / native_floor:.2f} |")
   for devices, wall, _, _, route in rows:
     if route:
       pass_wall, pass_peak, copy_wall, copy_peak = route

@@ -168,6 +168,9 @@ def attention(layer: Mapping[str, Any], x: jax.Array, positions: jax.Array, runt
   if decoder.qk_norm == "rms":
     q = rms_norm(q, layer["query_norm"]["scale"], eps)
     k = rms_norm(k, layer["key_norm"]["scale"], eps)
+  elif decoder.qk_norm == "global":  # One norm over all heads (OLMo 3).
+    q = rms_norm(q.reshape(q.shape[:2] + (-1,)), layer["query_norm"]["scale"], eps).reshape(q.shape)
+    k = rms_norm(k.reshape(k.shape[:2] + (-1,)), layer["key_norm"]["scale"], eps).reshape(k.shape)
   rope = rope_of_layer(runtime, hf_layer)
   if rope is not None:
     theta, linear_scaling = rope
@@ -381,7 +384,7 @@ def maxtext_layers(decoder_tree: Mapping[str, Any], layout: Layout) -> list[Mapp
     subtree = decoder_tree
     for key in group.path[1:]:  # The path starts at "decoder".
       subtree = subtree[key]
-    axes = {tuple(p.maxtext.split("/")): p.scan_axis for p in group.params}
+    axes = {tuple(p.maxtext.split("/")): p.scan_axis for p in group.resolved().params}
     for position, layer in group.positions():
       value = subtree
       for index in position if group.stacked else ():

@@ -31,21 +31,27 @@ E2M1_VALUES = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0
 # embeddings, lm_head or the indexer's weights_proj.
 DEEPSEEK_FP8_WEIGHTS = re.compile(r".*\.(self_attn|mlp)\..*_proj(_with_mqa)?\.weight$|.*\.indexer\.(wq_b|wk)\.weight$")
 DEEPSEEK_FP8_EXCLUDED = re.compile(r".*(weights_proj|mlp\.gate)\.weight$")
+# Qwen3.5-FP8: the attention and linear-attention projections (not in_proj_a/b), the shared expert, every routed
+# expert one by one; not the routers, conv1d, norms, embeddings or lm_head.
+QWEN3_5_FP8_WEIGHTS = re.compile(r".*\.(self_attn\.[qkvo]_proj|linear_attn\.(in_proj_qkv|in_proj_z|out_proj)"
+                                 r"|mlp\.shared_expert\.\w+_proj|mlp\.experts\.\d+\.\w+_proj)\.weight$")
 GPT_OSS_MXFP4_WEIGHTS = re.compile(r".*\.mlp\.experts\.(gate_up_proj|down_proj)$")
 
 
-def fp8_block_quantize(w: np.ndarray, block: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
-  """(F8_E4M3 values, float32 scale per block) with `w ~= float32(values) * scale` blockwise."""
+def fp8_block_quantize(w: np.ndarray, block: tuple[int, int],
+                       scale_dtype: np.dtype = np.float32) -> tuple[np.ndarray, np.ndarray]:
+  """(F8_E4M3 values, a scale per block in `scale_dtype`) with `w ~= float32(values) * scale` blockwise."""
   rows, cols = w.shape
   br, bc = block
-  scales = np.zeros((math.ceil(rows / br), math.ceil(cols / bc)), np.float32)
+  scales = np.zeros((math.ceil(rows / br), math.ceil(cols / bc)), scale_dtype)
   values = np.zeros(w.shape, ml_dtypes.float8_e4m3fn)
   for i in range(scales.shape[0]):
     for j in range(scales.shape[1]):
       tile = w[i * br:(i + 1) * br, j * bc:(j + 1) * bc].astype(np.float32)
-      scale = max(float(np.abs(tile).max()) / FP8_MAX, 1e-12)
-      scales[i, j] = scale
-      values[i * br:(i + 1) * br, j * bc:(j + 1) * bc] = (tile / scale).astype(ml_dtypes.float8_e4m3fn)
+      scales[i, j] = max(float(np.abs(tile).max()) / FP8_MAX, 1e-12)
+      scale = float(scales[i, j])  # As stored (BF16 scales are rounded), so values * scale stays within range.
+      values[i * br:(i + 1) * br, j * bc:(j + 1) * bc] = np.clip(tile / scale, -FP8_MAX, FP8_MAX).astype(
+          ml_dtypes.float8_e4m3fn)
   return values, scales
 
 
@@ -98,14 +104,16 @@ def _save(model_dir: str, config: dict, tensors: Mapping[str, np.ndarray]) -> st
 
 
 def quantize_fp8(model_dir: str, output_dir: str, block: tuple[int, int],
-                 selects: Callable[[str], bool] | None = None) -> str:
-  """`model_dir` with its projection weights in FP8 block format (DeepSeek V3's by default)."""
+                 selects: Callable[[str], bool] | None = None, scale_dtype: np.dtype = np.float32) -> str:
+  """`model_dir` with its projection weights in FP8 block format (DeepSeek V3's by default; Qwen3.5-FP8's with
+  `selects=QWEN3_5_FP8_WEIGHTS.match, scale_dtype=ml_dtypes.bfloat16`: its scales are stored in BF16)."""
   selects = selects or (lambda n: bool(DEEPSEEK_FP8_WEIGHTS.match(n)) and not DEEPSEEK_FP8_EXCLUDED.match(n))
   config, tensors = _load(model_dir)
   out: dict[str, np.ndarray] = {}
   for name, tensor in tensors.items():
     if selects(name) and tensor.ndim == 2:
-      out[name], out[name + "_scale_inv"] = fp8_block_quantize(tensor, block)
+      values, scales = fp8_block_quantize(tensor, block, scale_dtype)
+      out[name], out[name + "_scale_inv"] = values, scales
     else:
       out[name] = tensor
   config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
@@ -125,6 +133,11 @@ def quantize_mxfp4(model_dir: str, output_dir: str) -> str:
   config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
       "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
   return _save(output_dir, config, out)
+
+
+def is_quantized(model_dir: str) -> bool:
+  with open(os.path.join(model_dir, "config.json")) as f:
+    return "quantization_config" in json.load(f)
 
 
 def dequantize(model_dir: str, output_dir: str, dtype=np.float32) -> str:

@@ -245,10 +245,91 @@ def deepseek3_fp8_shapes(config: dict) -> Iterator[tuple[str, tuple[int, ...], n
   yield "lm_head.weight", (config["vocab_size"], config["hidden_size"]), bf16
 
 
+def qwen3_5_fp8_config(*, cycles: int, experts: int, vocab: int) -> dict:
+  """Qwen3.5-35B-A3B-FP8 as the hub ships it (the multimodal wrapper, text config nested, FP8 in 128x128 blocks
+  with BF16 scales, experts one by one): hidden 2048, 16 heads of 256 (2 KV), linear attention of 16 key and 32
+  value heads of 128, experts of 512; fewer experts, layers (whole cycles of 3 linear + 1 full) and vocab."""
+  text = {
+      "model_type": "qwen3_5_moe_text", "hidden_size": 2048, "num_hidden_layers": 4 * cycles,
+      "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256, "moe_intermediate_size": 512,
+      "shared_expert_intermediate_size": 512, "num_experts": experts, "num_experts_per_tok": 8,
+      "norm_topk_prob": True, "linear_num_key_heads": 16, "linear_num_value_heads": 32, "linear_key_head_dim": 128,
+      "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4, "full_attention_interval": 4,
+      "layer_types": (["linear_attention"] * 3 + ["full_attention"]) * cycles,
+      "vocab_size": vocab, "rms_norm_eps": 1e-6, "max_position_embeddings": 262144, "tie_word_embeddings": False,
+      "rope_parameters": {"rope_type": "default", "rope_theta": 10000000, "partial_rotary_factor": 0.25,
+                          "mrope_section": [11, 11, 10]},
+  }
+  return {
+      "architectures": ["Qwen3_5MoeForConditionalGeneration"], "model_type": "qwen3_5_moe", "text_config": text,
+      "vision_config": {"depth": 27}, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+      "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                              "weight_block_size": [FP8_BLOCK, FP8_BLOCK]},
+  }
+
+
+def qwen3_5_fp8_for_bytes(target_bytes: int, itemsize: int = 1) -> dict:
+  """As many 4-layer cycles of 64-expert layers as fit `target_bytes` of FP8 weights (vocab 16384)."""
+  del itemsize
+  experts, vocab = 64, 16384
+  one = qwen3_5_fp8_config(cycles=1, experts=experts, vocab=vocab)
+  per_cycle = sum(math.prod(s) * np.dtype(d).itemsize for i in range(4) for _, s, d in _qwen3_5_layer(one, i))
+  return qwen3_5_fp8_config(cycles=max(1, round((target_bytes - 2 * vocab * 2048 * 2) / per_cycle)),
+                            experts=experts, vocab=vocab)
+
+
+def _fp8_bf16_scales(name: str, shape: tuple[int, int]) -> Iterator[tuple[str, tuple[int, ...], np.dtype]]:
+  yield name, shape, np.dtype(ml_dtypes.float8_e4m3fn)
+  yield name + "_scale_inv", tuple(math.ceil(d / FP8_BLOCK) for d in shape), np.dtype(ml_dtypes.bfloat16)
+
+
+def _qwen3_5_layer(config: dict, i: int) -> Iterator[tuple[str, tuple[int, ...], np.dtype]]:
+  t, bf16 = config["text_config"], np.dtype(ml_dtypes.bfloat16)
+  E, M, X = t["hidden_size"], t["moe_intermediate_size"], t["num_experts"]
+  p = f"model.language_model.layers.{i}"
+  yield f"{p}.input_layernorm.weight", (E,), bf16
+  yield f"{p}.post_attention_layernorm.weight", (E,), bf16
+  if t["layer_types"][i] == "full_attention":
+    H, KV, D = t["num_attention_heads"], t["num_key_value_heads"], t["head_dim"]
+    for proj, shape in (("q_proj", (2 * H * D, E)), ("k_proj", (KV * D, E)), ("v_proj", (KV * D, E)),
+                        ("o_proj", (E, H * D))):
+      yield from _fp8_bf16_scales(f"{p}.self_attn.{proj}.weight", shape)
+    yield f"{p}.self_attn.q_norm.weight", (D,), bf16
+    yield f"{p}.self_attn.k_norm.weight", (D,), bf16
+  else:
+    Hk, Hv, Dk, Dv = (t[k] for k in ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+                                    "linear_value_head_dim"))
+    a = f"{p}.linear_attn"
+    yield from _fp8_bf16_scales(f"{a}.in_proj_qkv.weight", (2 * Hk * Dk + Hv * Dv, E))
+    yield from _fp8_bf16_scales(f"{a}.in_proj_z.weight", (Hv * Dv, E))
+    yield from _fp8_bf16_scales(f"{a}.out_proj.weight", (E, Hv * Dv))
+    yield f"{a}.in_proj_b.weight", (Hv, E), bf16
+    yield f"{a}.in_proj_a.weight", (Hv, E), bf16
+    yield f"{a}.conv1d.weight", (2 * Hk * Dk + Hv * Dv, 1, t["linear_conv_kernel_dim"]), bf16
+    yield f"{a}.A_log", (Hv,), np.dtype(np.float32)
+    yield f"{a}.dt_bias", (Hv,), bf16
+    yield f"{a}.norm.weight", (Dv,), np.dtype(np.float32)
+  yield f"{p}.mlp.gate.weight", (X, E), bf16
+  yield f"{p}.mlp.shared_expert_gate.weight", (1, E), bf16
+  for expert in [f"experts.{e}" for e in range(X)] + ["shared_expert"]:
+    for proj, shape in (("gate_proj", (M, E)), ("up_proj", (M, E)), ("down_proj", (E, M))):
+      yield from _fp8_bf16_scales(f"{p}.mlp.{expert}.{proj}.weight", shape)
+
+
+def qwen3_5_fp8_shapes(config: dict) -> Iterator[tuple[str, tuple[int, ...], np.dtype]]:
+  t, bf16 = config["text_config"], np.dtype(ml_dtypes.bfloat16)
+  yield "model.language_model.embed_tokens.weight", (t["vocab_size"], t["hidden_size"]), bf16
+  for i in range(t["num_hidden_layers"]):
+    yield from _qwen3_5_layer(config, i)
+  yield "model.language_model.norm.weight", (t["hidden_size"],), bf16
+  yield "lm_head.weight", (t["vocab_size"], t["hidden_size"]), bf16
+
+
 FAMILIES = {
     "qwen3_moe": (qwen3_moe_for_bytes, qwen3_moe_shapes),
     "llama": (llama_for_bytes, llama_shapes),
     "deepseek3_fp8": (deepseek3_fp8_for_bytes, deepseek3_fp8_shapes),
+    "qwen3_5_fp8": (qwen3_5_fp8_for_bytes, qwen3_5_fp8_shapes),
 }
 
 

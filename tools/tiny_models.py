@@ -15,6 +15,16 @@ from typing import Any
 
 
 @dataclasses.dataclass(frozen=True)
+class Fp8Shipping:
+  """A row shipped as an FP8 checkpoint (tools/quantize.quantize_fp8): the weights quantized (a regex named in
+  tools/quantize.py), the block size, the dtype its scales are stored in."""
+
+  weights: str
+  block: tuple[int, int]
+  scale_dtype: str = "float32"
+
+
+@dataclasses.dataclass(frozen=True)
 class TinyModelSpec:
   """A random tiny model, and what converting it must give: the family and inferred target recorded, and the
   MaxText 0.2.5 model config the interop check runs it as ("" for none)."""
@@ -26,6 +36,11 @@ class TinyModelSpec:
   target: str
   maxtext_model: str = ""
   scans: tuple[bool, ...] = (True, False)  # The scan_layers values MaxText has for the model (Gemma 4 small: False).
+  # Norm weights drawn around 0 instead of 1 (a regex of their names): those applied as 1 + w (Qwen3-Next, so that
+  # the scale is ~1), and Gemma 4's q/k norms (its attention is unscaled; see _GEMMA4_QK_NORMS).
+  norms_near_zero: str = ""
+  fp8: Fp8Shipping | None = None  # Shipped quantized: every check runs on its numpy dequantization's logits.
+  converter_flags: tuple[str, ...] = ()  # What every conversion of the row passes (--keep_fp8).
 
 
 # Shared shape of the tiny models: head_dim differs from hidden / heads, queries are grouped 3:1, odd vocab.
@@ -59,6 +74,33 @@ _LLAMA4 = dict(hidden_size=192, num_hidden_layers=8, vocab_size=509, num_attenti
                head_dim=40, intermediate_size=64, intermediate_size_mlp=256, num_local_experts=4, num_experts_per_tok=1,
                rms_norm_eps=1e-5, tie_word_embeddings=False, max_position_embeddings=131072, attention_chunk_size=4,
                no_rope_layer_interval=4, attn_temperature_tuning=True)
+
+# Qwen3-Next / Qwen3.5: 8 layers = 2 cycles of 3 linear-attention layers and 1 full-attention layer (2 blocks != 3
+# layers a block, so swapped stacking axes show), 2 key heads of 4 value heads, head_dim 48 != hidden/heads,
+# partial rotary 0.25.
+_HYBRID = dict(hidden_size=128, num_hidden_layers=8, vocab_size=509, num_attention_heads=4, num_key_value_heads=2,
+               head_dim=48, intermediate_size=256, moe_intermediate_size=64, shared_expert_intermediate_size=64,
+               num_experts=4, num_experts_per_tok=2, norm_topk_prob=True, linear_num_key_heads=2,
+               linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=24, linear_conv_kernel_dim=4,
+               rms_norm_eps=1e-6, tie_word_embeddings=False, max_position_embeddings=512,
+               rope_parameters={"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.25})
+_HYBRID_CENTRED_NORMS = r".*(layernorm|q_norm|k_norm|model\.norm)\.weight$"  # Not the gated norm (a plain scale).
+# OLMo 3: sliding windows of 4 tokens on 3 layers of 4, q/k norms over all heads, post-norms only.
+_OLMO3 = dict(_DENSE, num_hidden_layers=8, sliding_window=4, eos_token_id=0, pad_token_id=1,
+              rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 500000.0},
+                               "sliding_attention": {"rope_type": "default", "rope_theta": 500000.0}})
+# Gemma 4: Gemma's dims (tied, E=256), 12 layers = 2 scanned blocks of 5 sliding + 1 global layer (2 blocks != 5
+# layers a block, so swapped stacking axes show), global heads of 96 != 48 (a quarter of each turned by rope), window 8
+# < the 32-token test sequences, soft cap 10; no per-layer inputs (transformers' default is 256 of them). Gemma 4
+# attends unscaled (HF scaling 1; trained q/k norm scales absorb 1/sqrt(head_dim)): with q/k norm scales ~1 the
+# random model's attention is nearly one-hot and chaotic (transformers float32 vs float64: 0.94 in the logits), so
+# they are drawn around 0 (`norms_near_zero`): 2.2e-5.
+_GEMMA4_QK_NORMS = r".*self_attn\.(q_norm|k_norm)\.weight$"
+_GEMMA4 = dict(_GEMMA, num_hidden_layers=12, global_head_dim=96, sliding_window=8, final_logit_softcapping=10.0,
+               hidden_size_per_layer_input=0,
+               rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+                                "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                                   "rope_theta": 1e6}})
 
 TINY_MODELS: dict[str, TinyModelSpec] = {
     "qwen3": TinyModelSpec(
@@ -119,6 +161,22 @@ TINY_MODELS: dict[str, TinyModelSpec] = {
              rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
                               "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}),
         "gemma3", "gemma3-4b", "gemma3-4b"),
+    "qwen3_next": TinyModelSpec("Qwen3NextConfig", "Qwen3NextForCausalLM", _HYBRID, "qwen3_next", "qwen3-next",
+                                "qwen3-next-80b-a3b", norms_near_zero=_HYBRID_CENTRED_NORMS),
+    "qwen3_5": TinyModelSpec(
+        "Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM",
+        dict(_HYBRID, rope_parameters=dict(_HYBRID["rope_parameters"], mrope_section=[2, 2, 2])),
+        "qwen3_5", "qwen3.5", "qwen3.5-35b-a3b", norms_near_zero=_HYBRID_CENTRED_NORMS),
+    # Qwen3.5-FP8 for MaxText's native fp8 model: BF16 block scales as the hub repos store them, FP8 kernels kept.
+    # Blocks of 32 (the hub's 128 would be one block per tiny weight) that divide every kernel axis, as the hub's
+    # dimensions do: head_dim 64, linear-attention heads of 32.
+    "qwen3_5_fp8": TinyModelSpec(
+        "Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM",
+        dict(_HYBRID, head_dim=64, linear_key_head_dim=32, linear_value_head_dim=32,
+             rope_parameters=dict(_HYBRID["rope_parameters"], mrope_section=[2, 2, 4])),
+        "qwen3_5", "qwen3.5", "qwen3.5-35b-a3b-fp8", norms_near_zero=_HYBRID_CENTRED_NORMS,
+        fp8=Fp8Shipping("QWEN3_5_FP8_WEIGHTS", (32, 32), "bfloat16"), converter_flags=("--keep_fp8",)),
+    "olmo3": TinyModelSpec("Olmo3Config", "Olmo3ForCausalLM", _OLMO3, "olmo3", "olmo3-7b-pt", "olmo3-7b-pt"),
     "deepseek3": TinyModelSpec("DeepseekV3Config", "DeepseekV3ForCausalLM", _DEEPSEEK, "deepseek", "deepseek3",
                                "deepseek3-671b"),
     # V2-Lite's shape: full-rank queries, softmax routing without bias or groups, 2 shared experts.
@@ -145,6 +203,31 @@ TINY_MODELS: dict[str, TinyModelSpec] = {
         dict(_LLAMA4, interleave_moe_layer_step=2, use_qk_norm=False,
              rope_parameters={"rope_type": "default", "rope_theta": 500000.0}),
         "llama4", "llama4-17b-128e", "llama4-17b-128e"),
+    # 26B-A4B-like: every layer MoE (8 experts of 64, top 2, beside a shared expert of 160), global layers with one
+    # KV head whose values are its keys (attention_k_eq_v).
+    "gemma4_moe": TinyModelSpec(
+        "Gemma4TextConfig", "Gemma4ForCausalLM",
+        dict(_GEMMA4, enable_moe_block=True, num_experts=8, top_k_experts=2, moe_intermediate_size=64,
+             intermediate_size=160, attention_k_eq_v=True, num_global_key_value_heads=1),
+        "gemma4", "gemma4-26b", "gemma4-26b", norms_near_zero=_GEMMA4_QK_NORMS),
+    # 31B-like but with value projections on the global layers (attention_k_eq_v false).
+    "gemma4_dense": TinyModelSpec("Gemma4TextConfig", "Gemma4ForCausalLM", _GEMMA4, "gemma4", "gemma4-31b",
+                                  "gemma4-31b", norms_near_zero=_GEMMA4_QK_NORMS),
+    # E2B-like: 10 layers of 4 sliding + 1 global, one KV head; per-layer inputs of 32 from a table of 512 rows (!=
+    # vocab); the last 4 layers reuse layer 5's (sliding) or layer 4's (global) keys and values, with MLPs twice as
+    # wide. MaxText has no scanned form.
+    "gemma4_e2b": TinyModelSpec(
+        "Gemma4TextConfig", "Gemma4ForCausalLM",
+        dict(_GEMMA4, num_hidden_layers=10, num_key_value_heads=1, intermediate_size=128,
+             layer_types=(["sliding_attention"] * 4 + ["full_attention"]) * 2, num_kv_shared_layers=4,
+             use_double_wide_mlp=True, hidden_size_per_layer_input=32, vocab_size_per_layer_input=512),
+        "gemma4_small", "gemma4-e2b", "gemma4-e2b", scans=(False,), norms_near_zero=_GEMMA4_QK_NORMS),
+    # E4B-like: 12 layers of 5 sliding + 1 global; the last 4 reuse layer 7's or layer 5's keys and values.
+    "gemma4_e4b": TinyModelSpec(
+        "Gemma4TextConfig", "Gemma4ForCausalLM",
+        dict(_GEMMA4, intermediate_size=128, num_kv_shared_layers=4, hidden_size_per_layer_input=32,
+             vocab_size_per_layer_input=512),
+        "gemma4_small", "gemma4-e4b", "gemma4-e4b", scans=(False,), norms_near_zero=_GEMMA4_QK_NORMS),
 }
 
 
@@ -158,9 +241,11 @@ def config_json(name: str) -> dict[str, Any]:
   return dict(json.loads(config.to_json_string(use_diff=True)), architectures=[spec.model_class])
 
 
-def randomize_parameters(model: Any, seed: int) -> None:
-  """Weights ~ N(0, 0.05^2); 1-D norm scales ~ 1 + N(0, 0.2^2); DeepSeek's routing bias ~ N(0, 0.3^2), large
-  enough to change which experts are chosen. Saved buffers are randomized like parameters."""
+def randomize_parameters(model: Any, seed: int, norms_near_zero: str = "") -> None:
+  """Weights ~ N(0, 0.05^2); 1-D norm scales ~ 1 + N(0, 0.2^2), or N(0, 0.2^2) for those `norms_near_zero`
+  matches; DeepSeek's routing bias ~ N(0, 0.3^2), large enough to change which experts are chosen.
+  Saved buffers are randomized like parameters."""
+  import re  # pylint: disable=g-import-not-at-top
   import torch  # pylint: disable=g-import-not-at-top
 
   generator = torch.Generator().manual_seed(seed)
@@ -175,6 +260,8 @@ def randomize_parameters(model: Any, seed: int) -> None:
       noise = torch.randn(tensor.shape, generator=generator, dtype=torch.float32)
       if name.endswith("e_score_correction_bias"):
         tensor.copy_(0.3 * noise)
+      elif norms_near_zero and re.match(norms_near_zero, name):
+        tensor.copy_(0.2 * noise)
       elif tensor.ndim == 1 and "norm" in name:
         tensor.copy_(1.0 + 0.2 * noise)
       else:
@@ -196,7 +283,7 @@ def build_tiny_model(
   config = getattr(transformers, spec.config_class)(**{**spec.config, **config_overrides})
   torch.manual_seed(seed)
   model = getattr(transformers, spec.model_class)(config).to(torch.float32)
-  randomize_parameters(model, seed)
+  randomize_parameters(model, seed, spec.norms_near_zero)
   if round_embeddings_to_bf16:
     with torch.no_grad():
       for table in (model.get_input_embeddings(), model.get_output_embeddings()):
@@ -204,5 +291,16 @@ def build_tiny_model(
           table.weight.copy_(table.weight.to(torch.bfloat16).to(torch.float32))
   model = model.to(getattr(torch, dtype))
   kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
-  model.save_pretrained(output_dir, **kwargs)
-  return output_dir
+  if spec.fp8 is None:
+    model.save_pretrained(output_dir, **kwargs)
+    return output_dir
+  import tempfile  # pylint: disable=g-import-not-at-top
+  import ml_dtypes  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from tools import quantize  # pylint: disable=g-import-not-at-top
+
+  with tempfile.TemporaryDirectory() as plain:
+    model.save_pretrained(plain, **kwargs)
+    scale_dtype = ml_dtypes.bfloat16 if spec.fp8.scale_dtype == "bfloat16" else np.dtype(spec.fp8.scale_dtype)
+    return quantize.quantize_fp8(plain, output_dir, spec.fp8.block, getattr(quantize, spec.fp8.weights).match,
+                                 scale_dtype)

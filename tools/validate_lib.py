@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import tempfile
 from typing import Any
 
 import numpy as np
 
 from converter import families
 from converter.model_config import load_model_config
-from tools import checkpoint_io, forward
+from tools import checkpoint_io, forward, quantize
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,9 +46,14 @@ def token_ids(vocab_size: int, batch: int, seq_len: int, seed: int) -> np.ndarra
 
 
 def reference_logits(hf_model_path: str, ids: np.ndarray, weights_dtype: str = "float32") -> np.ndarray:
-  """transformers' logits in float32; weights first rounded to `weights_dtype` (the dtype the checkpoint holds)."""
+  """transformers' logits in float32; weights first rounded to `weights_dtype` (the dtype the checkpoint holds).
+  A quantized checkpoint runs as its numpy dequantization (tools/quantize.py), which is independent of ours."""
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
+
+  if quantize.is_quantized(hf_model_path):
+    with tempfile.TemporaryDirectory() as plain:
+      return reference_logits(quantize.dequantize(hf_model_path, plain), ids, weights_dtype)
 
   # Eager attention: the reference for sinks, sliding windows, chunks and sparse indexers alike.
   model = transformers.AutoModelForCausalLM.from_pretrained(hf_model_path, dtype=torch.float32,
@@ -85,13 +91,34 @@ def recorded_runtime(hf_model_path: str, items_path: str, tree: Any) -> tuple[fa
   return runtime, model.layout(params["token_embedder"]["embedding"].shape[0], scan_layers)
 
 
+def dequantize_fp8_leaves(node: Any) -> Any:
+  """A native fp8 tree as MaxText computes with it (layers/quantizations.py `dequantize_weight`, in float32): each
+  FP8 leaf `x` times its sibling `x_scale`, every scale value over the d / s consecutive elements it covers on
+  each axis; the scale leaves dropped."""
+  if not isinstance(node, dict):
+    return node
+  out = {}
+  for key, value in node.items():
+    if key.endswith("_scale") and key[: -len("_scale")] in node:
+      continue
+    scale = node.get(f"{key}_scale")
+    if scale is not None:
+      value, scale = np.asarray(value).astype(np.float32), np.asarray(scale, np.float32)
+      interleaved = tuple(x for s, d in zip(scale.shape, value.shape) for x in (s, d // s))
+      value = (value.reshape(interleaved) * scale.reshape(tuple(x for s in scale.shape for x in (s, 1))))
+      value = value.reshape(np.shape(node[key]))
+    out[key] = dequantize_fp8_leaves(value)
+  return out
+
+
 def checkpoint_logits(hf_model_path: str, items_path: str, ids: np.ndarray) -> tuple[np.ndarray, Any, bool]:
   """Our forward on the checkpoint restored through v0; also whether the v1 restore is bit-identical."""
   tree = checkpoint_io.restore_v0(items_path)
   v1_tree = checkpoint_io.restore_v1(items_path, tree)
   identical = not checkpoint_io.trees_bit_identical(tree, v1_tree)
   runtime, layout = recorded_runtime(hf_model_path, items_path, tree)
-  return forward.logits(tree["params"]["params"], ids, runtime, layout), tree, identical
+  params = dequantize_fp8_leaves(tree["params"]["params"])
+  return forward.logits(params, ids, runtime, layout), tree, identical
 
 
 def validate(

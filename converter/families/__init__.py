@@ -10,7 +10,7 @@ import importlib
 import pkgutil
 
 from converter.errors import ConversionError
-from converter.families.base import Family, LayerGroup, Layout, Param
+from converter.families.base import Alternatives, Family, LayerGroup, Layout, Param
 from converter.families.runtime import Decoder, MaxTextConfig, Runtime
 from converter.model_config import ModelConfig
 
@@ -28,12 +28,14 @@ FAMILIES: tuple[Family, ...] = _discover()
 
 
 def supported_architectures() -> list[str]:
-  return sorted(a for f in FAMILIES for a in f.architectures)
+  return sorted({a for f in FAMILIES for a in f.architectures})
 
 
-def family_for_architecture(architecture: str, config_path: str = "config.json") -> Family:
+def family_for_architecture(architecture: str, config_path: str = "config.json",
+                            config: ModelConfig | None = None) -> Family:
+  """The family that reads `architecture` (and, given, `config`: some architectures are read by several)."""
   for family in FAMILIES:
-    if architecture in family.architectures:
+    if architecture in family.architectures and (config is None or family.reads(config)):
       return family
   raise ConversionError(
       f"{config_path}: unsupported architecture {architecture!r}; supported: {', '.join(supported_architectures())}"
@@ -66,7 +68,7 @@ class ResolvedModel:
 
 def resolve(config: ModelConfig, *, target_model: str | None = None, family: str | None = None) -> ResolvedModel:
   """The family (by name, else by architecture), the target (given, else inferred) and its runtime."""
-  fam = family_by_name(family) if family else family_for_architecture(config.architecture, config.path)
+  fam = family_by_name(family) if family else family_for_architecture(config.architecture, config.path, config)
   if config.architecture not in fam.architectures:
     raise ConversionError(f"{config.path}: architecture {config.architecture!r} is not one family {fam.name} converts"
                           f" ({', '.join(fam.architectures)})")
@@ -82,5 +84,5 @@ def resolve(config: ModelConfig, *, target_model: str | None = None, family: str
   return ResolvedModel(fam, config, target, fam.runtime(config, target))
 
 
-__all__ = ["FAMILIES", "Decoder", "Family", "LayerGroup", "Layout", "MaxTextConfig", "Param", "ResolvedModel",
+__all__ = ["FAMILIES", "Alternatives", "Decoder", "Family", "LayerGroup", "Layout", "MaxTextConfig", "Param", "ResolvedModel",
            "Runtime", "family_by_name", "family_for_architecture", "resolve", "supported_architectures"]

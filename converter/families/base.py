@@ -54,6 +54,15 @@ class Param:
 
 
 @dataclasses.dataclass(frozen=True)
+class Alternatives:
+  """Params a checkpoint may store in one of several forms (Qwen3.5's experts: one by one as transformers saves
+  them, or fused as the hub repos ship them). A conversion uses the first form whose HF tensors are all present;
+  converting back writes the first form."""
+
+  options: tuple[tuple[Param, ...], ...]
+
+
+@dataclasses.dataclass(frozen=True)
 class LayerGroup:
   """Where MaxText keeps some decoder layers (one stacked subtree, layers on the scan axis, or one layer), and
   the params of each of them.
@@ -66,7 +75,24 @@ class LayerGroup:
   path: tuple[str, ...]
   layers: tuple[int, ...] | tuple[tuple[int, ...], ...]
   stacked: bool
-  params: tuple[Param, ...]
+  params: tuple[Param | Alternatives, ...]
+
+  def resolved(self, stored: Callable[[str], bool] | None = None) -> LayerGroup:
+    """The group with each `Alternatives` replaced by its first form whose HF tensors `stored` has for the group's
+    first layer (by its first form without `stored`)."""
+    _, first = self.positions()[0]
+
+    def present(option: tuple[Param, ...]) -> bool:
+      return all(stored(p.hf.format(layer=p.hf_layer(first), expert=0)) for p in option)
+
+    params: list[Param] = []
+    for param in self.params:
+      if isinstance(param, Alternatives):
+        chosen = next((o for o in param.options if stored is None or present(o)), param.options[0])
+        params.extend(chosen)
+      else:
+        params.append(param)
+    return dataclasses.replace(self, params=tuple(params))
 
   @property
   def nested(self) -> bool:
@@ -110,7 +136,9 @@ class Family:
   rules); `layout(config, target, target vocab size, scan_layers)` says where every HF tensor goes; `check` returns
   warnings about what the target cannot reproduce (it raises ConversionError for what it must refuse);
   `ignored_tensors` maps regexes of HF tensors the family reads nowhere on purpose to the reason a conversion
-  states when it skips some ("" for none: rotary caches).
+  states when it skips some ("" for none: rotary caches); `reads` says which configs of its architectures the
+  family converts, where several families read one architecture (Gemma 4's gemma4 and gemma4_small decoders);
+  `fp8_unquantized_modules` enables `--keep_fp8` (converter/native_fp8.py).
   """
 
   name: str
@@ -121,6 +149,9 @@ class Family:
   layout: Callable[[ModelConfig, str, int, bool], Layout]
   check: Callable[[ModelConfig, str], list[str]] = lambda cfg, target: []
   ignored_tensors: Callable[[ModelConfig], dict[str, str]] = lambda cfg: dict(ROTARY_CACHES)
+  reads: Callable[[ModelConfig], bool] = lambda cfg: True
+  # The `unquantized_modules` of the target's MaxText fp8 models (`qwen3.5-*-fp8`); None: MaxText has none.
+  fp8_unquantized_modules: tuple[str, ...] | None = None
 
   def target_prefix(self, target_model: str) -> str:
     """The longest declared prefix `target_model` starts with ("llama3.1-8b" -> "llama3.1")."""

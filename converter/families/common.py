@@ -229,7 +229,8 @@ def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
   return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
 
 
-def yarn_rope(cfg: ModelConfig, warnings: list[str], *, latent_attention: bool) -> dict[str, Any]:
+def yarn_rope(cfg: ModelConfig, warnings: list[str], *, latent_attention: bool,
+              scaling: dict[str, Any] | None = None) -> dict[str, Any]:
   """MaxText's YaRN keys for HF's rope scaling (DeepSeek, GPT-OSS); plain rope is YaRN with factor 1.
 
   HF scales cos/sin by `attention_factor` (by default mscale(factor, mscale) / mscale(factor, mscale_all_dim), or
@@ -237,7 +238,7 @@ def yarn_rope(cfg: ModelConfig, warnings: list[str], *, latent_attention: bool) 
   mscale_all_dim)^2. MaxText has one switch for the first (`rope_attention_scaling`: mscale(factor) or 1) and, for
   latent attention, `mscale` for the second, applied only when max_position_embeddings exceeds the original.
   """
-  scaling = rope_parameters(cfg)
+  scaling = rope_parameters(cfg) if scaling is None else scaling
   max_positions = int(cfg.get("max_position_embeddings") or 4096)
   if rope_kind(scaling) == "default":
     return {"rope_factor": 1, "original_max_position_embeddings": max_positions,

@@ -65,6 +65,7 @@ def _hf_tensors(model: families.ResolvedModel, scan_layers: bool) -> dict[str, H
   for param in layout.top:
     tensors[param.hf] = HeaderOnlyTensor(param.hf, tuple(param.hf_shape))
   for group in layout.groups:
+    group = group.resolved()
     for param in group.params:
       for _, layer in group.positions():
         for expert in range(param.experts) if param.experts and not param.experts_in_tensor else [None]:
@@ -77,7 +78,7 @@ def describe(model_name: str) -> str:
   config = parse_model_config(tiny_models.config_json(model_name), f"{model_name}/config.json")
   model = families.resolve(config)
   lines = [f"# {model_name}: family {model.family.name}, target {model.target}"]
-  for scan_layers in (True, False):
+  for scan_layers in tiny_models.TINY_MODELS[model_name].scans:  # Gemma 4 small: unscanned only.
     plan = build_plan(HeaderOnlySource(_hf_tensors(model, scan_layers)), model, scan_layers=scan_layers,
                       save_dtype="bfloat16")
     lines.append(f"## scan_layers={str(scan_layers).lower()}")
@@ -90,7 +91,8 @@ def describe(model_name: str) -> str:
 
 class GoldenTest(parameterized.TestCase):
 
-  @parameterized.parameters(*tiny_models.TINY_MODELS)
+  # FP8 rows convert with --keep_fp8, which needs the stored block scales: pinned in quantized_test instead.
+  @parameterized.parameters(*(m for m, spec in tiny_models.TINY_MODELS.items() if not spec.fp8))
   def test_tree_and_overrides_match_the_golden(self, model):
     path = os.path.join(GOLDEN_DIR, f"{model}.golden")
     actual = describe(model)

@@ -54,6 +54,10 @@ class MaxTextConfig:
   rope_interleave: bool | None = None
   rope_truncate: bool | None = None
   rope_attention_scaling: bool | None = None
+  rope_type: str | None = None  # "default" or "yarn" where the model config allows both (OLMo 3).
+  partial_rotary_factor: float | None = None  # Rotary on the first fraction of each head (Qwen3-Next, Qwen3.5).
+  use_mrope: bool | None = None
+  mrope_section: tuple[int, ...] | None = None
   # Mixture of experts.
   num_experts: int | None = None
   num_experts_per_tok: int | None = None
@@ -80,6 +84,27 @@ class MaxTextConfig:
   indexer_head_dim: int | None = None
   indexer_topk: int | None = None
   use_multimodal: bool | None = None
+  # Native fp8 models (--keep_fp8): FP8 kernels with block scales, the modules MaxText keeps in `dtype`.
+  weight_dtype: str | None = None
+  weight_block_size: int | None = None
+  unquantized_modules: tuple[str, ...] | None = None
+  # Gated delta net (the linear-attention layers of Qwen3-Next and Qwen3.5).
+  gdn_conv_kernel_dim: int | None = None
+  gdn_key_head_dim: int | None = None
+  gdn_value_head_dim: int | None = None
+  gdn_num_key_heads: int | None = None
+  gdn_num_value_heads: int | None = None
+  # Gemma 4.
+  global_head_dim: int | None = None  # Head size and KV heads of the global (full-attention) layers.
+  global_num_kv_heads: int | None = None
+  share_kv_projections: bool | None = None  # Global layers' values are their raw keys (HF attention_k_eq_v).
+  global_rope_max_timescale: float | None = None
+  global_rope_proportion: float | None = None  # Fraction of each head the rotary embedding turns.
+  local_rope_proportion: float | None = None
+  hidden_size_per_layer_input: int | None = None  # Per-layer embeddings (gemma4_small).
+  vocab_size_per_layer_input: int | None = None
+  num_kv_shared_layers: int | None = None  # The last layers reuse the keys and values of an earlier one.
+  use_double_wide_mlp: bool | None = None  # KV-shared layers have MLPs twice as wide.
 
   def overrides(self) -> dict[str, Any]:
     """The `key=value` pairs a user passes to MaxText, in declaration order."""
@@ -91,7 +116,8 @@ class Decoder:
   """What MaxText's decoder for the target fixes whatever its config says."""
 
   # Attention: the factor on q.k applied at run time (None: head_dim**-0.5; 1.0 where the converter bakes the
-  # scale into the query kernel), query/key norms ("rms" per head; "l2" without a scale, Llama 4), attention type.
+  # scale into the query kernel), query/key norms ("rms" per head; "global" over all heads, OLMo 3; "l2" without a
+  # scale, Llama 4), attention type.
   query_scale: float | None = None
   qk_norm: str = ""
   attention: str = "mha"  # "mha" or "mla" (DeepSeek's multi-head latent attention).
@@ -106,6 +132,7 @@ class Decoder:
   post_attention_norm: str = ""
   post_mlp_norm: str = ""
   layer_norm_epsilon: float | None = None  # Fixed by the decoder (Gemma: 1e-6); None: normalization_layer_epsilon.
+  norm_offset: float = 0.0  # Added to stored norm scales at run time (Qwen3-Next's zero-centred norms: 1).
   # MLP: "silu" or "gelu_tanh" (MaxText's "gelu" is jax.nn.gelu, the tanh approximation); "clamped_swiglu" is
   # GPT-OSS's (sigmoid-weighted gate with alpha 1.702, clamped at mlp_activations_limit, up + 1).
   mlp_activation: str = "silu"

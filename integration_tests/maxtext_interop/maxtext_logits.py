@@ -13,8 +13,9 @@ Logits (default)::
       [--reference=hf_logits.npy --atol=1e-4]
 
   1. builds MaxText's config (base.yml + configs/models/<model_name>.yml, override_model_config=True,
-     hardware=cpu, attention=dot_product, dtype=weight_dtype=float32, the JSON overrides on top);
-  2. compares the checkpoint's stored tree (paths, shapes) EXACTLY with everything MaxText's NNX loader
+     hardware=cpu, attention=dot_product, dtype=float32, weight_dtype=float32 unless the checkpoint records
+     another (a native fp8 model: float8_e4m3fn), the JSON overrides on top);
+  2. compares the checkpoint's stored tree (paths, shapes, dtypes) EXACTLY with everything MaxText's NNX loader
      restores from it and fails on any difference (the loader itself is lenient: it tiles, transposes
      and ignores extra leaves), unless --allow_tree_mismatch. What it restores is the NNX model state
      minus run-time variables: every ``nnx.Param`` plus non-Param weights such as DeepSeek V3's
@@ -62,12 +63,12 @@ _FIXED = {
     "skip_jax_distributed_system": True,
     "attention": "dot_product",
     "dtype": "float32",
-    "weight_dtype": "float32",
     "enable_checkpointing": False,
     "run_name": "maxtext_logits",
 }
 _SOFT_DEFAULTS = {
     "matmul_precision": "highest",
+    "weight_dtype": "float32",  # A native fp8 checkpoint records float8_e4m3fn (its kernels' storage dtype).
 }
 
 
@@ -198,6 +199,8 @@ def compare_trees(expected: dict, actual: dict) -> list[str]:
   for k in sorted(set(expected) & set(actual)):
     if tuple(expected[k][0]) != tuple(actual[k][0]):
       problems.append(f"shape mismatch: {k} maxtext={expected[k][0]} checkpoint={actual[k][0]}")
+    elif expected[k][1] != actual[k][1]:
+      problems.append(f"dtype mismatch: {k} maxtext={expected[k][1]} checkpoint={actual[k][1]}")
   return problems
 
 
@@ -274,8 +277,12 @@ def run_logits(args, overrides):
   def forward(model, tokens, positions, segment_ids):
     return model(tokens, positions, decoder_segment_ids=segment_ids, enable_dropout=False, model_mode=MODEL_MODE_TRAIN)
 
-  with jax.set_mesh(mesh), nn_partitioning.axis_rules(config.logical_axis_rules):
+  # Loaded outside `jax.set_mesh`: under it, Flax rejects the shardings of some decoders' parameters whose logical
+  # axes map to one mesh axis twice (Qwen3-Next's gated delta net: DuplicateSpecError), as MaxText's own
+  # create_nnx_abstract_model notes; the forward pass runs under the mesh.
+  with nn_partitioning.axis_rules(config.logical_axis_rules):
     model = model_creation_utils.from_pretrained(config, mesh=mesh, model_mode=MODEL_MODE_TRAIN)
+  with jax.set_mesh(mesh), nn_partitioning.axis_rules(config.logical_axis_rules):
     positions = jnp.broadcast_to(jnp.arange(seq, dtype=jnp.int32)[None, :], (batch, seq))
     logits = forward(model, jnp.asarray(ids), positions, jnp.ones((batch, seq), dtype=jnp.int32))
   logits = np.asarray(jax.device_get(logits), dtype=np.float32)

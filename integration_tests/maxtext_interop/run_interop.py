@@ -128,7 +128,7 @@ def recorded_overrides(out_dir: str) -> tuple[dict, str]:
 
 
 def run_case(case: Case) -> Case:
-  from tools import validate_lib  # pylint: disable=g-import-not-at-top
+  from tools import tiny_models, validate_lib  # pylint: disable=g-import-not-at-top
 
   start = time.monotonic()
   os.makedirs(case.work, exist_ok=True)
@@ -136,7 +136,7 @@ def run_case(case: Case) -> Case:
   try:
     rc = _run([sys.executable, CONVERTER, f"--hf_model_path={case.hf_dir}", f"--output_dir={out_dir}",
                "--save_dtype=float32", "--simulated_cpu_devices_count=1", f"--scan_layers={str(case.scan).lower()}",
-               f"--target_model={case.maxtext_model}"],
+               f"--target_model={case.maxtext_model}", *tiny_models.TINY_MODELS[case.model].converter_flags],
               os.path.join(case.work, "convert.log"), _converter_env())
     if rc != 0:
       case.error = f"converter exited {rc}:\n{_tail(os.path.join(case.work, 'convert.log'))}"
