@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 from typing import Any
 
 import numpy as np
@@ -31,6 +30,7 @@ from absl import logging
 import tensorstore as ts
 from etils import epath
 
+from converter import storage
 from converter.errors import ConversionError
 
 Shape = tuple[int, ...]
@@ -131,7 +131,7 @@ class CheckpointReader:
 
   def __init__(self, items_path: str, dequantize_fp8: bool = False):
     self.items_path = items_path
-    if not os.path.isfile(os.path.join(items_path, "_METADATA")):
+    if not storage.is_file(storage.join(items_path, "_METADATA")):
       raise ConversionError(f"{items_path}: not an Orbax PyTree checkpoint (no _METADATA file)")
     handler = ocp.PyTreeCheckpointHandler()
     try:
@@ -197,7 +197,8 @@ class CheckpointReader:
     return OpenArray(self, array, store)
 
   def _context(self, cache_bytes: int) -> ts.Context:
-    spec: dict[str, Any] = {"file_io_concurrency": {"limit": 128}, "cache_pool": {"total_bytes_limit": cache_bytes}}
+    spec: dict[str, Any] = {"file_io_concurrency": {"limit": 128}, "cache_pool": {"total_bytes_limit": cache_bytes},
+                            **storage.tensorstore_resources()}
     if self._use_ocdbt:
       spec["cache_pool#ocdbt"] = {"total_bytes_limit": 100_000_000}  # B-tree nodes, as Orbax's own reads do.
     return ts.Context(spec)

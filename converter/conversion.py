@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import threading
 from typing import Any
 
 from absl import logging
 
-from converter import families, writer
+from converter import conversion_record, families, writer
 from converter.errors import ConversionError
 from converter.model_config import load_model_config
 from converter.plan import Plan, build_plan
@@ -25,11 +24,6 @@ class ConversionResult:
   items_path: str
   overrides: dict[str, Any]
   resumed_blocks: int = 0  # Blocks an interrupted run had written, reused rather than recomputed.
-
-
-def _original_hf_config(plan: Plan) -> dict[str, Any]:
-  with open(plan.config.path) as f:  # Already parsed once by load_model_config: it exists and is valid JSON.
-    return json.load(f)
 
 
 def plan_conversion(
@@ -90,22 +84,7 @@ def convert_to_maxtext(
   writer.prepare_output_dir(output_dir, overwrite, keep_unfinished=lazy)
   salvage, journal = resume_lib.prepare(output_dir, plan, resume=resume) if lazy else (None, None)
   overrides = plan.runtime.config.overrides()
-  metadata = {
-      "scan_layers": scan_layers,
-      "hf2maxtext": {
-          "family": plan.family.name,
-          "target_model": plan.target_model,
-          "hf_architecture": plan.config.architecture,
-          "save_dtype": plan.save_dtype.name,
-          # How the source stored its weights (None: plain floats); the reverse direction says it dequantized.
-          "quant_method": plan.source.quant_method,
-          # --keep_fp8: the FP8 kernels were kept, beside their scales (None: every leaf in save_dtype).
-          "fp8": dataclasses.asdict(plan.fp8) if plan.fp8 else None,
-          "maxtext_overrides": overrides,
-          # The original config.json, verbatim: --direction=to_huggingface writes it back.
-          "hf_config": _original_hf_config(plan),
-      },
-  }
+  metadata = conversion_record.build(plan, overrides)
   if progress is not None:
     progress.start(plan.total_bytes)
   listeners = [c for c in (progress, journal) if c is not None]

@@ -10,9 +10,10 @@ MaxText then loads it with `load_parameters_path=<output_dir>/0/items`. And back
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
-import os
+import logging as std_logging
 import resource
 import signal
 import sys
@@ -25,7 +26,9 @@ FLAGS = flags.FLAGS
 
 flags.DEFINE_enum("direction", "to_maxtext", ["to_maxtext", "to_huggingface"],
                   "to_maxtext: HF safetensors -> Orbax checkpoint. to_huggingface: Orbax checkpoint -> HF safetensors.")
-flags.DEFINE_string("hf_model_path", None, "HF checkpoint directory (config.json + safetensors); to_maxtext only.")
+flags.DEFINE_string("hf_model_path", None, "HF checkpoint: a directory (config.json + safetensors), a bucket path"
+                    " (gs://BUCKET/DIR) or a Hub repo id (ORG/NAME, see --revision); to_maxtext only.")
+flags.DEFINE_string("revision", "main", "Hub revision (branch, tag or commit) when --hf_model_path is a repo id.")
 flags.DEFINE_string("output_dir", None, "to_maxtext: directory for the Orbax checkpoint (step 0 is written to"
                     " OUTPUT_DIR/0). to_huggingface: the HF checkpoint directory to create.")
 flags.DEFINE_string("checkpoint_path", None, "to_huggingface: the Orbax checkpoint to read, e.g. OUTPUT_DIR/0/items.")
@@ -49,6 +52,8 @@ flags.DEFINE_boolean("verify", False, "After saving, re-read every leaf block by
 flags.DEFINE_boolean("resume", False, "Continue an interrupted conversion into OUTPUT_DIR from what it wrote durably.")
 flags.DEFINE_boolean("keep_fp8", False, "FP8 checkpoints: keep the FP8 kernels and write their block scales, as"
                      " MaxText's fp8 models hold them (e.g. qwen3.5-35b-a3b-fp8); half the bytes. Default: dequantize.")
+flags.DEFINE_integer("storage_retries", 10, "Buckets: retries of one failed request (backing off 1 s, 2 s, ... up to"
+                     " 32 s) before the conversion fails; 10 rides out about three minutes of outage.", lower_bound=0)
 flags.DEFINE_boolean("progress", True, "Progress bar on stderr (bytes, throughput, time left, RSS) when it is a terminal.")
 
 
@@ -62,9 +67,19 @@ def _required_for_direction(values: dict) -> bool:
 
 
 def _resolve(path: str) -> str:
-  """Relative paths are relative to where the user ran `bazel run`, not to Bazel's runfiles directory."""
-  base = os.environ.get("BUILD_WORKING_DIRECTORY", os.getcwd())
-  return os.path.abspath(os.path.join(base, os.path.expanduser(path)))
+  from converter import storage  # pylint: disable=g-import-not-at-top
+
+  return storage.resolve(path)
+
+
+def _model_path(value: str) -> str:
+  """--hf_model_path: a bucket path, a local directory, or a Hub repo id resolved to the local HF cache."""
+  from converter import hub  # pylint: disable=g-import-not-at-top
+
+  local = _resolve(value)
+  if hub.looks_like_repo_id(value, local):
+    return hub.resolve_model_path(value, FLAGS.revision)
+  return local
 
 
 def _start_jax(devices: int) -> None:
@@ -86,15 +101,17 @@ def _run_to_huggingface() -> None:
   from converter import to_huggingface  # pylint: disable=g-import-not-at-top
 
   start = time.monotonic()
-  result = to_huggingface.convert_to_huggingface(
-      _resolve(FLAGS.checkpoint_path),
-      _resolve(FLAGS.output_dir),
-      max_shard_size=FLAGS.max_shard_size,
-      family=FLAGS.family,
-      overwrite=FLAGS.overwrite,
-      hf_config_path=_resolve(FLAGS.hf_config_path) if FLAGS.hf_config_path else None,
-      target_model=FLAGS.target_model,
-  )
+  output_dir = _resolve(FLAGS.output_dir)
+  with _output_locked(output_dir):
+    result = to_huggingface.convert_to_huggingface(
+        _resolve(FLAGS.checkpoint_path),
+        output_dir,
+        max_shard_size=FLAGS.max_shard_size,
+        family=FLAGS.family,
+        overwrite=FLAGS.overwrite,
+        hf_config_path=_resolve(FLAGS.hf_config_path) if FLAGS.hf_config_path else None,
+        target_model=FLAGS.target_model,
+    )
   seconds = time.monotonic() - start
   plan = result.plan
   print(f"family:        {plan.family.name} ({plan.config.architecture}), from target model {plan.target_model}")
@@ -111,7 +128,7 @@ def _run_to_huggingface() -> None:
 
 _TO_MAXTEXT_ONLY = ("scan_layers", "lazy_load_tensors", "simulated_cpu_devices_count", "save_dtype",
                     "target_vocab_size", "allow_unused_tensors", "max_inflight_bytes", "dry_run", "verify", "resume",
-                    "keep_fp8")
+                    "keep_fp8", "revision")
 
 
 def run() -> None:
@@ -129,29 +146,15 @@ def run() -> None:
 
 
 def _run_to_maxtext() -> None:
-  from converter import conversion  # pylint: disable=g-import-not-at-top
   from converter.progress import Progress  # pylint: disable=g-import-not-at-top
 
   start = time.monotonic()
   progress = Progress(enabled=FLAGS.progress)
+  output_dir = _resolve(FLAGS.output_dir)
+  cancel = _cancel_on_signals()
   try:
-    result = conversion.convert_to_maxtext(
-        hf_model_path=_resolve(FLAGS.hf_model_path),
-        output_dir=_resolve(FLAGS.output_dir),
-        scan_layers=FLAGS.scan_layers,
-        lazy=FLAGS.lazy_load_tensors,
-        devices=FLAGS.simulated_cpu_devices_count,
-        save_dtype=FLAGS.save_dtype,
-        overwrite=FLAGS.overwrite,
-        target_model=FLAGS.target_model,
-        target_vocab_size=FLAGS.target_vocab_size,
-        allow_unused_tensors=FLAGS.allow_unused_tensors,
-        max_inflight_bytes=FLAGS.max_inflight_bytes,
-        progress=progress,
-        resume=FLAGS.resume,
-        cancel=_cancel_on_signals(),
-        keep_fp8=FLAGS.keep_fp8,
-    )
+    with _output_locked(output_dir, on_lost=cancel):
+      result = _convert_to_maxtext(output_dir, progress, cancel)
   finally:
     progress.close()
   seconds = time.monotonic() - start
@@ -178,6 +181,43 @@ def _run_to_maxtext() -> None:
     _verify(plan, result.items_path)
 
 
+def _convert_to_maxtext(output_dir: str, progress, cancel: threading.Event):
+  from converter import conversion  # pylint: disable=g-import-not-at-top
+
+  return conversion.convert_to_maxtext(
+      hf_model_path=_model_path(FLAGS.hf_model_path),
+      output_dir=output_dir,
+      scan_layers=FLAGS.scan_layers,
+      lazy=FLAGS.lazy_load_tensors,
+      devices=FLAGS.simulated_cpu_devices_count,
+      save_dtype=FLAGS.save_dtype,
+      overwrite=FLAGS.overwrite,
+      target_model=FLAGS.target_model,
+      target_vocab_size=FLAGS.target_vocab_size,
+      allow_unused_tensors=FLAGS.allow_unused_tensors,
+      max_inflight_bytes=FLAGS.max_inflight_bytes,
+      progress=progress,
+      resume=FLAGS.resume,
+      cancel=cancel,
+      keep_fp8=FLAGS.keep_fp8,
+  )
+
+
+@contextlib.contextmanager
+def _output_locked(output_dir: str, on_lost: threading.Event | None = None):
+  """Holds the output's lock (one writer per output); a failure after a lost lease says so."""
+  from converter import output_lock  # pylint: disable=g-import-not-at-top
+  from converter.errors import ConversionError  # pylint: disable=g-import-not-at-top
+
+  with output_lock.hold(output_dir, on_lost=on_lost) as lock:
+    try:
+      yield
+    except ConversionError as e:
+      if lock.lost:
+        raise ConversionError(f"{e} ({lock.lost})") from e
+      raise
+
+
 def _cancel_on_signals() -> threading.Event:
   """SIGINT/SIGTERM stop the save before its next block, so it fails and never commits (Orbax's background
   thread would otherwise finish and commit the checkpoint after the main thread is gone)."""
@@ -197,17 +237,17 @@ def _cancel_on_signals() -> threading.Event:
 
 def _dry_run() -> None:
   import psutil  # pylint: disable=g-import-not-at-top
-  from converter import conversion, dry_run, writer  # pylint: disable=g-import-not-at-top
+  from converter import conversion, dry_run, storage, writer  # pylint: disable=g-import-not-at-top
 
   plan = conversion.plan_conversion(
-      _resolve(FLAGS.hf_model_path), scan_layers=FLAGS.scan_layers, save_dtype=FLAGS.save_dtype,
+      _model_path(FLAGS.hf_model_path), scan_layers=FLAGS.scan_layers, save_dtype=FLAGS.save_dtype,
       target_model=FLAGS.target_model, target_vocab_size=FLAGS.target_vocab_size,
       allow_unused_tensors=FLAGS.allow_unused_tensors, keep_fp8=FLAGS.keep_fp8,
   )
   print(dry_run.describe(plan, baseline_bytes=psutil.Process().memory_info().rss,
                          max_inflight_bytes=FLAGS.max_inflight_bytes))
   existing = writer.step_dir(_resolve(FLAGS.output_dir))
-  if os.path.exists(existing) and not FLAGS.overwrite:
+  if storage.exists(existing) and not FLAGS.overwrite:
     print(f"warning: {existing} already holds a checkpoint; the conversion will refuse it without --overwrite")
 
 
@@ -247,12 +287,23 @@ def _one_malloc_arena() -> None:
 _M_ARENA_MAX = -8  # glibc's malloc.h
 
 
+def _drop_library_tracebacks(record: std_logging.LogRecord) -> bool:
+  """Drops the tracebacks that libraries (Orbax's futures, gcsfs' retries) log on their way to raising an error
+  the converter then reports itself, naming the output and tensor, on one `error:` line; -v=1 keeps them."""
+  return not (record.exc_info and "site-packages" in record.pathname)
+
+
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   _one_malloc_arena()
+  from converter import storage  # pylint: disable=g-import-not-at-top
+
+  storage.configure_emulator()  # Before tensorstore or gcsfs read their settings.
+  storage.set_request_retries(FLAGS.storage_retries)
   if not FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)  # Orbax logs every step at INFO; -v=0 brings it back.
+    logging.get_absl_handler().addFilter(_drop_library_tracebacks)
   from converter.errors import ConversionError  # pylint: disable=g-import-not-at-top
 
   try:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from typing import Any, Mapping
 
+from converter import storage
 from converter.errors import ConversionError
 
 
@@ -58,10 +58,9 @@ def _rope_theta(raw: Mapping[str, Any]) -> float:
 
 def load_model_config(model_dir: str) -> ModelConfig:
   """Parses `config.json` in `model_dir`; raises ConversionError naming the file and key on any problem."""
-  path = os.path.join(model_dir, "config.json")
+  path = storage.join(model_dir, "config.json")
   try:
-    with open(path) as f:
-      raw = json.load(f)
+    raw = json.loads(storage.read_text(path))
   except FileNotFoundError as e:
     raise ConversionError(f"{path}: missing (a HuggingFace checkpoint directory needs its config.json)") from e
   except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:

@@ -7,21 +7,22 @@ OCDBT has committed it to disk), next to a fingerprint of the inputs and the pla
   OUT/0.hf2maxtext-resume/gen-N.journal     one JSON line per written block: {"a": array name, "s": start, "e": stop}
   OUT/0.hf2maxtext-resume/gen-N/            attempt N's Orbax temporary directory, moved here after it died
 
-A killed save never commits (Orbax renames its temporary directory only when everything is written), so what
-it leaves is `OUT/0.orbax-checkpoint-tmp`, which nothing loads as a checkpoint. `--resume` moves it into the
-resume directory as the generation its journal names, then runs a fresh save in which every journaled block
-is copied from the newest generation holding it instead of being read and transformed again: the result is
-byte-for-byte the checkpoint an uninterrupted run writes. Generations nothing refers to any more are deleted.
+A killed save never commits, so what it leaves (`OUT/0.orbax-checkpoint-tmp` on a local disk, an `OUT/0` without
+`commit_success.txt` in a bucket: converter/orbax_layout.py) is nothing a loader takes for a checkpoint.
+`--resume` moves it into the resume directory as the generation its journal names, then runs a fresh save in
+which every journaled block is copied from the newest generation holding it instead of being read and
+transformed again: the result is byte-for-byte the checkpoint an uninterrupted run writes. Generations nothing
+refers to any more are deleted. In a bucket, where objects cannot be appended to, a journal is a series of small
+objects (`gen-N.journal.000000`, ...), one per half second of written blocks; the move is a server-side copy.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import glob
 import hashlib
 import json
 import os
-import shutil
+import re
 import threading
 import time
 from typing import Any
@@ -30,24 +31,25 @@ import numpy as np
 import tensorstore as ts
 from absl import logging
 
+from converter import orbax_layout, storage
 from converter.errors import ConversionError
 from converter.plan import Plan, source_tensors
-from converter.writer import STEP, unfinished_dir
 from handlers import BlockWritten
 
-RESUME_DIR = f"{STEP}.hf2maxtext-resume"
+RESUME_DIR = f"{orbax_layout.STEP}.hf2maxtext-resume"
 _FSYNC_INTERVAL_S = 0.5
+_JOURNAL = re.compile(r"gen-(\d+)\.journal(\.\d+)?$")
 
 
 def resume_dir(output_dir: str) -> str:
-  return os.path.join(output_dir, RESUME_DIR)
+  return storage.join(output_dir, RESUME_DIR)
 
 
 def fingerprint(plan: Plan) -> dict[str, Any]:
   """What must not change between an interrupted run and its resumption."""
   files = sorted({f for leaf in plan.leaves for t in source_tensors(leaf.loader) for f in t.files})
   return {
-      "inputs": [[f, os.path.getsize(f), os.stat(f).st_mtime_ns] for f in files],
+      "inputs": [[f, storage.size(f), storage.version(f)] for f in files],
       "plan": hashlib.sha256(json.dumps(
           [[leaf.name, list(leaf.shape), leaf.dtype.name, list(leaf.sources)] for leaf in plan.leaves]
       ).encode()).hexdigest(),
@@ -56,42 +58,93 @@ def fingerprint(plan: Plan) -> dict[str, Any]:
 
 
 class Journal:
-  """Appends written blocks to gen-N.journal; fsyncs at most every half second (a lost tail is redone)."""
+  """Appends written blocks to gen-N.journal, durable at most every half second (a lost tail is redone): an
+  fsync'd local file, or in a bucket one new object per interval, uploaded by a thread of its own so that a slow
+  or failing bucket never holds up the save's event loop."""
 
   def __init__(self, path: str):
     self.path = path
-    self._file = open(path, "a", encoding="utf-8")
+    self._remote = storage.is_remote(path)
+    self._file = None if self._remote else open(path, "a", encoding="utf-8")
+    self._pending: list[str] = []
+    self._parts = 0
+    self._closed = False
     self._lock = threading.Lock()
     self._last_sync = time.monotonic()
+    self._stop = threading.Event()
+    self._uploader = None
+    if self._remote:
+      self._uploader = threading.Thread(target=self._upload_every_interval, name="resume-journal", daemon=True)
+      self._uploader.start()
 
   def __call__(self, event: BlockWritten) -> None:
+    line = json.dumps({"a": event.array_name, "s": list(event.start), "e": list(event.stop)}) + "\n"
     with self._lock:
-      self._file.write(json.dumps({"a": event.array_name, "s": list(event.start), "e": list(event.stop)}) + "\n")
+      if self._remote:
+        self._pending.append(line)
+        return
+      self._file.write(line)
       self._file.flush()
-      now = time.monotonic()
-      if now - self._last_sync >= _FSYNC_INTERVAL_S:
+      if time.monotonic() - self._last_sync >= _FSYNC_INTERVAL_S:
         os.fsync(self._file.fileno())
-        self._last_sync = now
+        self._last_sync = time.monotonic()
+
+  def _upload(self) -> None:
+    """Writes the pending entries as the next part; raises ConversionError (keeping them) when it cannot."""
+    with self._lock:
+      lines, self._pending = self._pending, []
+    if not lines:
+      return
+    try:
+      storage.write_text(f"{self.path}.{self._parts:06d}", "".join(lines))
+    except ConversionError:
+      with self._lock:
+        self._pending[:0] = lines
+      raise
+    self._parts += 1
+
+  def _upload_every_interval(self) -> None:
+    while not self._stop.wait(_FSYNC_INTERVAL_S):
+      try:
+        self._upload()
+      except ConversionError as e:
+        # Not fatal by itself: the entries are retried with the next interval, and the blocks of any that are
+        # never written are redone by --resume.
+        logging.warning("resume journal: %s; retrying", e)
 
   def close(self) -> None:
+    """Makes every entry durable; raises ConversionError when the bucket's last part cannot be written."""
     with self._lock:
-      if not self._file.closed:
-        self._file.flush()
-        os.fsync(self._file.fileno())
-        self._file.close()
-
-
-def _generation(path: str) -> int:
-  return int(os.path.basename(path).split("-")[1].split(".")[0])
+      if self._closed:
+        return
+      self._closed = True
+    if self._remote:
+      self._stop.set()
+      self._uploader.join()
+      self._upload()
+    else:
+      self._file.flush()
+      os.fsync(self._file.fileno())
+      self._file.close()
 
 
 Block = tuple[tuple[int, ...], tuple[int, ...]]  # (start, stop) of a region.
 
 
-def _load_journal(path: str) -> list[tuple[str, Block]]:
+def _journals(directory: str) -> dict[int, list[str]]:
+  """Each generation's journal file (local) or parts (bucket), by generation."""
+  found: dict[int, list[str]] = {}
+  for name in storage.list_names(directory):
+    match = _JOURNAL.match(name)
+    if match:
+      found.setdefault(int(match.group(1)), []).append(storage.join(directory, name))
+  return {generation: sorted(paths) for generation, paths in sorted(found.items())}
+
+
+def _load_journal(paths: list[str]) -> list[tuple[str, Block]]:
   entries = []
-  with open(path, encoding="utf-8") as f:
-    for line in f:
+  for path in paths:
+    for line in storage.read_text(path).splitlines(keepends=True):
       try:
         entry = json.loads(line)
         entries.append((entry["a"], (tuple(entry["s"]), tuple(entry["e"]))))
@@ -102,8 +155,12 @@ def _load_journal(path: str) -> list[tuple[str, Block]]:
 
 def _data_root(generation_dir: str) -> str | None:
   """Where the generation's arrays live: its per-process OCDBT database (never merged: it never finished)."""
-  found = sorted(glob.glob(os.path.join(generation_dir, "items*", "ocdbt.process_0")))
-  return found[0] if found else None
+  for name in storage.list_names(generation_dir):
+    if name.startswith(orbax_layout.ITEMS):
+      root = orbax_layout.process_database(storage.join(generation_dir, name))
+      if storage.exists(root):
+        return root
+  return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,43 +176,50 @@ class Salvage:
 def prepare(output_dir: str, plan: Plan, *, resume: bool) -> tuple[Salvage, Journal]:
   """Sets up this attempt's journal; with `resume`, collects what earlier attempts wrote."""
   directory = resume_dir(output_dir)
-  stale_tmp = unfinished_dir(output_dir)
+  stale = orbax_layout.unfinished_paths(output_dir)
   current = fingerprint(plan)
-  fingerprint_path = os.path.join(directory, "fingerprint.json")
+  fingerprint_path = storage.join(directory, "fingerprint.json")
   salvage: dict[tuple[str, Block], str] = {}
   generation = 0
-  if resume and os.path.isfile(fingerprint_path):
-    with open(fingerprint_path, encoding="utf-8") as f:
-      previous = json.load(f)
+  if resume and storage.is_file(fingerprint_path):
+    previous = json.loads(storage.read_text(fingerprint_path))
     if previous != current:
       raise ConversionError(
           f"{directory}: cannot resume: the inputs or the plan changed since the interrupted run"
           " (different files, sizes, modification times, flags or target); rerun without --resume"
       )
-    journals = sorted(glob.glob(os.path.join(directory, "gen-*.journal")), key=_generation)
-    if journals and os.path.isdir(stale_tmp):
-      os.replace(stale_tmp, os.path.join(directory, f"gen-{_generation(journals[-1])}"))
-    for journal in journals:
-      root = _data_root(os.path.join(directory, f"gen-{_generation(journal)}"))
+    journals = _journals(directory)
+    if journals and stale:
+      parked = storage.join(directory, f"gen-{max(journals)}")
+      if storage.exists(parked):
+        # The dead run parked its work, and one of Orbax's threads then wrote a little more into a new
+        # temporary directory after the journal was closed: nothing journaled refers to it.
+        storage.remove_tree(stale[0])
+      else:
+        storage.move(stale[0], parked)
+    for leftover in stale[1:]:
+      storage.remove_tree(leftover)
+    roots = {}
+    for number, paths in journals.items():
+      root = _data_root(storage.join(directory, f"gen-{number}"))
       if root is not None:
-        for key in _load_journal(journal):
+        roots[number] = root
+        for key in _load_journal(paths):
           salvage[key] = root  # Newer generations override older ones.
-    generation = _generation(journals[-1]) + 1 if journals else 0
-    referenced = {os.path.dirname(os.path.dirname(root)) for root in salvage.values()}
-    for journal in journals:
-      data = os.path.join(directory, f"gen-{_generation(journal)}")
-      if data not in referenced:
-        shutil.rmtree(data, ignore_errors=True)
+    generation = max(journals) + 1 if journals else 0
+    referenced = set(salvage.values())
+    for number in journals:
+      if roots.get(number) not in referenced:
+        storage.remove_tree(storage.join(directory, f"gen-{number}"))
   else:
     if resume:
       logging.warning("%s has nothing to resume; converting from the start", directory)
-    shutil.rmtree(directory, ignore_errors=True)
-    if os.path.isdir(stale_tmp):
-      shutil.rmtree(stale_tmp)
-    os.makedirs(directory)
-    with open(fingerprint_path, "w", encoding="utf-8") as f:
-      json.dump(current, f)
-  return Salvage(salvage), Journal(os.path.join(directory, f"gen-{generation}.journal"))
+    storage.remove_tree(directory)
+    for path in stale:
+      storage.remove_tree(path)
+    storage.make_dirs(directory)
+    storage.write_text(fingerprint_path, json.dumps(current))
+  return Salvage(salvage), Journal(storage.join(directory, f"gen-{generation}.journal"))
 
 
 def with_salvage(plan: Plan, salvage: Salvage) -> Plan:
@@ -171,18 +235,32 @@ def with_salvage(plan: Plan, salvage: Salvage) -> Plan:
 
 
 def park(output_dir: str, journal: Journal) -> bool:
-  """After a failed save: moves Orbax's temporary directory into the resume directory; True if anything was."""
-  journal.close()
-  tmp = unfinished_dir(output_dir)
-  if not os.path.isdir(tmp):
-    return False
-  os.replace(tmp, os.path.join(resume_dir(output_dir), os.path.basename(journal.path)[: -len(".journal")]))
+  """After a failed save: moves what Orbax left unfinished into the resume directory; True if anything is kept.
+
+  Best effort, since the save may have failed because the storage did: journal entries that cannot be written
+  only mean their blocks are redone, and an unfinished step that cannot be moved now is moved by `prepare` on
+  the next --resume.
+  """
+  try:
+    journal.close()
+  except ConversionError as e:
+    # The storage is failing: moving the unfinished step now would only spend another round of retries.
+    logging.warning("resume journal: the last entries were not written (%s); their blocks will be redone, and"
+                    " what was written stays where it is for --resume", e)
+    return True
+  try:
+    stale = orbax_layout.unfinished_paths(output_dir)
+    if not stale:
+      return False
+    storage.move(stale[0], storage.join(resume_dir(output_dir), storage.basename(journal.path)[: -len(".journal")]))
+  except ConversionError as e:
+    logging.warning("%s: what was written stays where it is for --resume (%s)", output_dir, e)
   return True
 
 
 def finish(output_dir: str, journal: Journal) -> None:
   journal.close()
-  shutil.rmtree(resume_dir(output_dir), ignore_errors=True)
+  storage.remove_tree(resume_dir(output_dir))
 
 
 _stores: dict[tuple[str, str], Any] = {}
@@ -193,8 +271,10 @@ def _open_salvaged(root: str, array_name: str) -> Any:
   key = (root, array_name)
   with _stores_lock:
     if key not in _stores:
-      spec = {"driver": "zarr3", "kvstore": {"driver": "ocdbt", "base": f"file://{root}/", "path": f"{array_name}/"}}
-      _stores[key] = ts.open(spec, open=True, read=True).result()
+      spec = {"driver": "zarr3", "kvstore": {"driver": "ocdbt", "base": f"{orbax_layout.kvstore_base(root)}/",
+                                             "path": f"{array_name}/"}}
+      _stores[key] = ts.open(spec, open=True, read=True,
+                             context=ts.Context(storage.tensorstore_resources())).result()
     return _stores[key]
 
 

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
-from converter import families
+from converter import conversion_record, families, orbax_layout, storage
 from converter.errors import ConversionError
 from converter.families import Family, LayerGroup, Param
 from converter.model_config import ModelConfig, parse_model_config
@@ -94,45 +93,32 @@ class ReversePlan:
 
 def items_path_of(checkpoint_path: str) -> str:
   """OUT/0/items as given, or found below OUT/0 (a step directory)."""
-  path = os.path.abspath(checkpoint_path.rstrip("/"))
-  if not os.path.isfile(os.path.join(path, "_METADATA")) and os.path.isfile(os.path.join(path, "items", "_METADATA")):
-    return os.path.join(path, "items")
-  if not os.path.isdir(path):
+  path = storage.resolve(checkpoint_path)
+  items = storage.join(path, orbax_layout.ITEMS)
+  if not storage.is_file(storage.join(path, "_METADATA")) and storage.is_file(storage.join(items, "_METADATA")):
+    return items
+  if not storage.exists(path):
     raise ConversionError(f"{path}: no such checkpoint directory (expected OUTPUT_DIR/0/items)")
   return path
-
-
-def checkpoint_custom_metadata(items_path: str) -> dict[str, Any]:
-  """custom_metadata of the step's _CHECKPOINT_METADATA ({} when the file or the entry is absent)."""
-  path = os.path.join(os.path.dirname(items_path), "_CHECKPOINT_METADATA")
-  try:
-    with open(path) as f:
-      metadata = json.load(f)
-  except FileNotFoundError:
-    return {}
-  except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
-    raise ConversionError(f"{path}: unreadable checkpoint metadata ({type(e).__name__}: {e})") from e
-  return (metadata.get("custom_metadata") or {}) if isinstance(metadata, dict) else {}
 
 
 def _hf_config(items_path: str, info: Mapping[str, Any], hf_config_path: str | None) -> tuple[dict[str, Any], str]:
   """The original config.json dict and where it came from."""
   if hf_config_path:
     path = hf_config_path
-    if os.path.isdir(path):
-      path = os.path.join(path, "config.json")
+    if not path.endswith(".json"):
+      path = storage.join(path, "config.json")
     try:
-      with open(path) as f:
-        config = json.load(f)
+      config = json.loads(storage.read_text(path))
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
       raise ConversionError(f"{path}: cannot read the HF config ({type(e).__name__}: {e})") from e
     source = path
   elif isinstance(info.get("hf_config"), dict):
     config = info["hf_config"]
-    source = f"{os.path.dirname(items_path)}/_CHECKPOINT_METADATA (custom_metadata.hf2maxtext.hf_config)"
+    source = f"{orbax_layout.metadata_path(items_path)} (custom_metadata.hf2maxtext.hf_config)"
   else:
     raise ConversionError(
-        f"{os.path.dirname(items_path)}/_CHECKPOINT_METADATA records no hf2maxtext.hf_config (a checkpoint written"
+        f"{orbax_layout.metadata_path(items_path)} records no hf2maxtext.hf_config (a checkpoint written"
         " by MaxText, or by an older converter): pass --hf_config_path=<the original model's config.json>"
     )
   if not isinstance(config, dict):
@@ -201,7 +187,7 @@ def plan_to_huggingface(
 ) -> ReversePlan:
   """Everything checkable without reading weights: family, config, every leaf present with the right shape."""
   items_path = items_path_of(checkpoint_path)
-  custom = checkpoint_custom_metadata(items_path)
+  custom = conversion_record.custom_metadata(items_path)
   info = custom.get("hf2maxtext") or {}
   hf_config, source = _hf_config(items_path, info, hf_config_path)
   config = parse_model_config(hf_config, source)

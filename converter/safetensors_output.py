@@ -11,6 +11,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from converter import storage
 from converter.errors import ConversionError
 from converter.sources import SAFETENSORS_DTYPES
 
@@ -77,7 +78,7 @@ class SafetensorsStreamWriter:
     header = safetensors_header(self._specs, metadata)
     self._end = len(header) + sum(s.nbytes for s in self._specs)
     try:
-      self._file = open(path, "wb")
+      self._file = storage.open_for_writing(path)
       self._file.write(header)
     except OSError as e:
       raise ConversionError(f"{path}: cannot write: {e}") from e

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from absl import logging
 
+from converter import storage
 from converter.errors import ConversionError
 from converter.reverse_plan import HfPart, HfTensor, ReversePlan, items_path_of, plan_to_huggingface
 from converter.safetensors_output import (INDEX_FILE, SafetensorsStreamWriter, assign_shards, index_json, parse_size,
@@ -102,7 +103,7 @@ def _write_shards(plan: ReversePlan, reader: CheckpointReader, directory: str, s
   names = shard_names(len(shards))
   leaves = _OpenLeaves(reader, read_cache_bytes)
   for file_name, shard in zip(names, shards):
-    writer = SafetensorsStreamWriter(os.path.join(directory, file_name), [t.spec for t in shard])
+    writer = SafetensorsStreamWriter(storage.join(directory, file_name), [t.spec for t in shard])
     try:
       for tensor in shard:
         leaves.keep_only(tensor.leaves)
@@ -116,7 +117,15 @@ def _write_shards(plan: ReversePlan, reader: CheckpointReader, directory: str, s
 
 
 def _prepare_output(output_dir: str, overwrite: bool) -> str:
-  """Checks `output_dir` can be (re)placed and returns a fresh staging directory next to it."""
+  """Checks `output_dir` can be (re)placed and returns where to write: a fresh staging directory next to it
+  (local), or the bucket prefix itself, where config.json, written last, is what makes it a checkpoint."""
+  if storage.is_remote(output_dir):
+    if storage.list_names(output_dir):
+      if not overwrite:
+        raise ConversionError(f"{output_dir}: already exists and is not empty; pass --overwrite to replace it")
+      storage.remove_tree(output_dir)
+    storage.check_bucket(output_dir)
+    return output_dir
   if os.path.exists(output_dir) and not (os.path.isdir(output_dir) and not os.listdir(output_dir)):
     if not overwrite:
       raise ConversionError(f"{output_dir}: already exists and is not empty; pass --overwrite to replace it")
@@ -136,6 +145,8 @@ def _prepare_output(output_dir: str, overwrite: bool) -> str:
 
 def _publish(staging: str, output_dir: str) -> None:
   """Renames the finished staging directory to `output_dir`, replacing what --overwrite allowed to replace."""
+  if staging == output_dir:  # A bucket: written in place, config.json last.
+    return
   old = None
   if os.path.exists(output_dir):
     old = staging + ".old"
@@ -163,7 +174,7 @@ def convert_to_huggingface(
 ) -> ToHuggingFaceResult:
   """Writes `checkpoint_path` (OUT/0/items) as an HF checkpoint directory `output_dir`; see the module docstring."""
   limit = parse_size(max_shard_size)
-  output_dir = os.path.abspath(output_dir.rstrip("/"))
+  output_dir = storage.resolve(output_dir)
   from converter.checkpoint_reader import CheckpointReader  # pylint: disable=g-import-not-at-top
 
   items_path = items_path_of(checkpoint_path)
@@ -179,17 +190,14 @@ def convert_to_huggingface(
     if len(names) > 1:
       index = index_json([t.spec for t in plan.tensors],
                          {t.name: name for name, shard in zip(names, shards) for t in shard})
-      with open(os.path.join(staging, INDEX_FILE), "w") as f:
-        json.dump(index, f, indent=2)
-        f.write("\n")
-    with open(os.path.join(staging, "config.json"), "w") as f:
-      json.dump(written_config(plan), f, indent=2, sort_keys=True)
-      f.write("\n")
+      storage.write_text(storage.join(staging, INDEX_FILE), json.dumps(index, indent=2) + "\n")
+    storage.write_text(storage.join(staging, "config.json"),
+                       json.dumps(written_config(plan), indent=2, sort_keys=True) + "\n")
     _publish(staging, output_dir)
   except OSError as e:
-    shutil.rmtree(staging, ignore_errors=True)
+    storage.remove_tree(staging)
     raise ConversionError(f"{output_dir}: writing the HF checkpoint failed: {e}") from e
   except BaseException:
-    shutil.rmtree(staging, ignore_errors=True)
+    storage.remove_tree(staging)
     raise
   return ToHuggingFaceResult(plan, output_dir, tuple(names), plan.total_bytes)

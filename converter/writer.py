@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import glob
 import os
-import shutil
 import threading
 from typing import Any, Callable, Mapping
 
@@ -12,6 +10,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from converter import orbax_layout, storage
 from converter.errors import ConversionError
 from converter.plan import Leaf, Plan
 from absl import logging
@@ -25,43 +24,36 @@ from handlers import (
     SaveCancelled,
     ShardedLazyTensor,
     WriteOptions,
+    add_tensorstore_resources,
     brief_error,
     lazy_tensor_context,
     unhandled_leaves,
 )
 
-STEP = 0
+STEP = orbax_layout.STEP
 
 
 def step_dir(output_dir: str) -> str:
-  return os.path.join(output_dir, str(STEP))
-
-
-def unfinished_dir(output_dir: str) -> str:
-  """Where Orbax writes the step before renaming it on commit: never a loadable checkpoint."""
-  return os.path.join(output_dir, f"{STEP}.orbax-checkpoint-tmp")
+  return orbax_layout.step_path(output_dir)
 
 
 def _remove_unfinished(output_dir: str) -> None:
-  """Drops what a failed save left in Orbax's temporary directory."""
-  for path in glob.glob(unfinished_dir(output_dir) + "*"):
-    shutil.rmtree(path, ignore_errors=True)
+  """Drops what a failed save left (never a loadable checkpoint: uncommitted)."""
+  for path in orbax_layout.unfinished_paths(output_dir):
+    storage.remove_tree(path)
 
 
 def prepare_output_dir(output_dir: str, overwrite: bool, *, keep_unfinished: bool = False) -> None:
   """Refuses (or with `overwrite` removes) an existing step; drops a dead run's leftovers unless kept for resume."""
+  storage.make_dirs(output_dir)
   existing = step_dir(output_dir)
-  if os.path.exists(existing):
+  if orbax_layout.is_committed(output_dir):
     if not overwrite:
       raise ConversionError(f"{existing}: a checkpoint already exists here; pass --overwrite to replace it")
-    shutil.rmtree(existing)
+    storage.remove_tree(existing)
   if not keep_unfinished:
     _remove_unfinished(output_dir)
-  try:
-    os.makedirs(output_dir, exist_ok=True)
-  except OSError as e:
-    raise ConversionError(f"{output_dir}: cannot create output directory: {e}") from e
-  if not os.access(output_dir, os.W_OK):
+  if not storage.is_remote(output_dir) and not os.access(output_dir, os.W_OK):
     raise ConversionError(f"{output_dir}: output directory is not writable")
 
 
@@ -121,8 +113,9 @@ def save(
     unhandled = unhandled_leaves(tree)
     if unhandled:
       raise ConversionError(f"{output_dir}: no Orbax leaf handler for: {'; '.join(unhandled[:5])}")
+    add_tensorstore_resources(storage.tensorstore_resources())
     options = WriteOptions(max_inflight_bytes=max_inflight_bytes, on_block_written=on_block_written, cancel=cancel)
-    checkpointer = ocp.v1.training.Checkpointer(output_dir, context=lazy_tensor_context(options))
+    checkpointer = ocp.v1.training.Checkpointer(storage.epath_of(output_dir), context=lazy_tensor_context(options))
     try:
       checkpointer.save_checkpointables(STEP, {ITEMS: tree}, custom_metadata=dict(custom_metadata))
     finally:
@@ -140,4 +133,4 @@ def save(
     raise ConversionError(
         f"{output_dir}: writing the checkpoint failed ({brief_error(e)}) (run with -v=1 for the full traceback)"
     ) from e
-  return os.path.join(step_dir(output_dir), ITEMS)
+  return orbax_layout.items_path(output_dir)

@@ -28,3 +28,10 @@ build_array_write_spec = _ts_utils.build_array_write_spec
 process_index_for_subdir = _ocdbt_utils.get_process_index_for_subdir
 # Writes the per-leaf `_sharding` entries exactly as Orbax's own ArrayHandler does.
 serialize_shardings = _jax_array_handlers._async_serialize_shardings  # pylint: disable=protected-access
+
+
+def add_to_default_ts_contexts(resources: dict) -> None:
+  """Adds tensorstore context resources to the contexts Orbax builds for every save and restore
+  (`tensorstore_utils.get_ts_context` offers no parameter for them)."""
+  _ts_utils._BASE_TS_CONTEXT.update(resources)  # pylint: disable=protected-access
+  _ts_utils._DEFAULT_OCDBT_TS_CONTEXT.update(resources)  # pylint: disable=protected-access

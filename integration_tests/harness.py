@@ -24,9 +24,19 @@ def start_jax() -> None:
   import jax  # pylint: disable=g-import-not-at-top
 
   platform = test_platform()
-  jax.config.update("jax_platforms", {"gpu": "cuda"}.get(platform, platform))
+  jax_platform = {"gpu": "cuda"}.get(platform, platform)
+  jax.config.update("jax_platforms", jax_platform)
   if platform == "cpu":
     jax.config.update("jax_num_cpu_devices", 1)
+    return
+  try:
+    jax.devices(jax_platform)
+  except Exception as e:  # pylint: disable=broad-except  (without a CUDA plugin JAX raises a bare AssertionError)
+    package = "jax[cuda12]" if platform == "gpu" else "jax[tpu]"
+    reason = str(e).strip().splitlines()[0] if str(e).strip() else f"JAX has no {jax_platform} backend: is {package} installed?"
+    sys.exit(f"hf2maxtext: the {platform} suite needs a {platform.upper()} visible to JAX, and there is none"
+             f" ({reason}); on a {platform.upper()} runner: HF2MAXTEXT_PLATFORM={platform} tools/bazel test"
+             f" //integration_tests:{platform}_tests")
 
 
 def scratch_dir(prefix: str) -> str:

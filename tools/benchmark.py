@@ -45,6 +45,12 @@ flags.DEFINE_float("memory_limit_gib", None, "Run each conversion in a memory cg
                    " included): a model larger than the memory it may use, on a machine whose disk cannot hold one"
                    " larger than its RAM. Needs root and a cgroup v1 or v2 memory controller.")
 
+flags.DEFINE_integer("shard_mb", 4096, "Largest safetensors shard of the synthetic checkpoint, in MiB (one tensor"
+                     " larger than it gets a shard of its own).")
+flags.DEFINE_string("bucket", None, "Also convert from and to a bucket: `emulator` (fake-gcs-server on 127.0.0.1,"
+                    " objects on the work_dir's disk; it handles multi-GB uploads slowly: use --shard_mb=40) or gs://BUCKET/PREFIX (a real one, or the one"
+                    " STORAGE_EMULATOR_HOST points at); the input is uploaded there once.")
+
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -158,14 +164,114 @@ def _has_native_fp8(input_dir: str) -> bool:
   return families.resolve(load_model_config(input_dir)).family.fp8_unquantized_modules is not None
 
 
+def bucket_floor(remote_dir: str, names: list[str], scratch: str) -> tuple[float, float]:
+  """Seconds to read every byte of `remote_dir`'s objects `names` in 64 MiB ranges, and to write as many bytes as
+  64 MiB objects under `scratch` (deleted after), through tensorstore's kvstore with 8 requests in flight: the
+  bucket's own floor, as io_floor is the disk's."""
+  import tensorstore as ts  # pylint: disable=g-import-not-at-top
+  from converter import storage  # pylint: disable=g-import-not-at-top
+
+  _, bucket, base = storage.split_bucket(remote_dir)
+  store = ts.KvStore.open({"driver": "gcs", "bucket": bucket}).result()
+  piece = 64 << 20
+  ranges = []
+  for name in names:
+    size = storage.size(f"{remote_dir}/{name}")
+    ranges += [(f"{base}/{name}", a, min(a + piece, size)) for a in range(0, size, piece)]
+  total = sum(b - a for _, a, b in ranges)
+
+  def in_flight(calls):
+    pending = []
+    for call in calls:
+      pending.append(call())
+      if len(pending) >= 8:
+        pending.pop(0).result()
+    for future in pending:
+      future.result()
+
+  start = time.monotonic()
+  in_flight(lambda k=k, a=a, b=b: store.read(k, byte_range=slice(a, b)) for k, a, b in ranges)
+  read = time.monotonic() - start
+  block = os.urandom(piece)
+  _, _, scratch_base = storage.split_bucket(scratch)
+  count = -(-total // piece)
+  start = time.monotonic()
+  in_flight(lambda i=i: store.write(f"{scratch_base}/{i:06d}", block) for i in range(count))
+  write = time.monotonic() - start
+  in_flight(lambda i=i: store.write(f"{scratch_base}/{i:06d}", None) for i in range(count))
+  return read, write
+
+
+def _bucket_runs(input_dir: str, env: dict[str, str], cgroup: MemoryCgroup | None) -> None:
+  """gs:// -> gs:// conversions of the same model, against the same kind of floor: the input uploaded to the
+  bucket and downloaded back (write + read as many bytes)."""
+  from converter import storage  # pylint: disable=g-import-not-at-top
+  from tools import gcs_emulator  # pylint: disable=g-import-not-at-top
+
+  emulator = None
+  if FLAGS.bucket == "emulator":
+    emulator = gcs_emulator.GcsEmulator(os.path.join(FLAGS.work_dir, "gcs"))
+    emulator.start()
+    emulator.create_bucket("hf2maxtext-benchmark")
+    env = dict(env, **emulator.env)
+    os.environ.update(emulator.env)
+    prefix = "gs://hf2maxtext-benchmark/run"
+  else:
+    prefix = FLAGS.bucket.rstrip("/")
+  try:
+    storage.configure_emulator(os.environ)
+    storage.configure_emulator(env)
+    fs = storage.filesystem(prefix)
+    remote_input, remote_output = f"{prefix}/input", f"{prefix}/out"
+    if fs.exists(remote_input):
+      fs.rm(remote_input, recursive=True)
+    start = time.monotonic()
+    fs.put(input_dir.rstrip("/") + "/", remote_input, recursive=True)
+    upload = time.monotonic() - start
+    input_bytes = sum(os.path.getsize(os.path.join(input_dir, f)) for f in os.listdir(input_dir))
+    read, write = bucket_floor(remote_input, sorted(os.listdir(input_dir)), f"{prefix}/floor")
+    floor = read + write
+    where = "fake-gcs-server on 127.0.0.1" if emulator else prefix
+    print(f"\nbucket ({where}): input uploaded with gcsfs in {upload:.1f} s; I/O floor {floor:.1f} s (read the"
+          f" {input_bytes / 1e9:.2f} GB in 64 MiB ranges {read:.1f} s, write as many bytes as 64 MiB objects"
+          f" {write:.1f} s, tensorstore, 8 in flight)", flush=True)
+    rows = []
+    for devices in FLAGS.devices:
+      walls, peaks = [], []
+      for _ in range(FLAGS.runs):
+        if fs.exists(remote_output):
+          fs.rm(remote_output, recursive=True)
+        wall, peak = _run(f"bucket devices={devices}", _convert_command(remote_input, remote_output, devices), env,
+                          cgroup)
+        walls.append(wall)
+        peaks.append(peak)
+      rows.append((devices, statistics.median(walls), statistics.median(peaks)))
+    print("| model | size | devices | scan | from / to | wall (median) | peak RSS | throughput | floor |"
+          " wall / floor |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for devices, wall, peak in rows:
+      print(f"| {FLAGS.family} | {input_bytes / 1e9:.1f} GB | {devices} | {'on' if FLAGS.scan_layers else 'off'} |"
+            f" gs:// -> gs:// ({'emulator' if emulator else 'bucket'}) | {wall:.1f} s | {peak / 2**30:.2f} GiB |"
+            f" {input_bytes / wall / 1e6:.0f} MB/s | {floor:.1f} s | {wall / floor:.2f} |")
+    for path in (remote_output, remote_input):
+      if fs.exists(path):
+        fs.rm(path, recursive=True)
+  finally:
+    if emulator:
+      emulator.stop()
+      shutil.rmtree(emulator.root, ignore_errors=True)
+
+
 def main(argv: list[str]) -> None:
   del argv
   target = int(FLAGS.size_gb * 1e9)
-  input_dir = os.path.join(FLAGS.work_dir, f"{FLAGS.family}-{FLAGS.size_gb:g}gb")
+  shards = "" if FLAGS.shard_mb == 4096 else f"-{FLAGS.shard_mb}mb-shards"
+  input_dir = os.path.join(FLAGS.work_dir, f"{FLAGS.family}-{FLAGS.size_gb:g}gb{shards}")
   if not (FLAGS.keep_input and os.path.exists(os.path.join(input_dir, "model.safetensors.index.json"))):
     shutil.rmtree(input_dir, ignore_errors=True)
     start = time.monotonic()
-    config, written = synthetic_checkpoint.write_family_checkpoint(input_dir, FLAGS.family, target)
+    config, written = synthetic_checkpoint.write_family_checkpoint(input_dir, FLAGS.family, target,
+                                                                   max_shard_bytes=FLAGS.shard_mb << 20)
     layers = config.get("text_config", config)["num_hidden_layers"]
     print(f"wrote {written / 1e9:.2f} GB synthetic {FLAGS.family} ({layers} layers) to"
           f" {input_dir} in {time.monotonic() - start:.1f} s", flush=True)
@@ -208,9 +314,6 @@ def main(argv: list[str]) -> None:
     if native_runs:
       native_rows.append((devices, *(statistics.median(r[k] for r in native_runs) for k in range(3))))
   shutil.rmtree(output_dir, ignore_errors=True)
-  if cgroup:
-    cgroup.remove()
-    print(f"\nevery conversion ran in a memory cgroup limited to {FLAGS.memory_limit_gib:g} GiB")
   floor = statistics.median(floors)
   moved = input_bytes * (3 if quantized else 2)
   print(f"\ninput {input_bytes / 1e9:.2f} GB; I/O floor (read input + write {'twice' if quantized else 'as much'},"
@@ -228,6 +331,15 @@ def main(argv: list[str]) -> None:
             f" {'on' if FLAGS.scan_layers else 'off'} | {wall:.1f} s | {peak / 2**30:.2f} GiB |"
             f" {out_bytes / 1e9:.2f} GB | {input_bytes / wall / 1e6:.0f} MB/s | {native_floor:.1f} s (read + write"
             f" as much) | {wall / native_floor:.2f} |")
+  _print_route_rows(rows, input_bytes, floor)
+  if FLAGS.bucket:
+    _bucket_runs(input_dir, env, cgroup)
+  if cgroup:
+    cgroup.remove()
+    print(f"\nevery conversion ran in a memory cgroup limited to {FLAGS.memory_limit_gib:g} GiB")
+
+
+def _print_route_rows(rows: list, input_bytes: int, floor: float) -> None:
   for devices, wall, _, _, route in rows:
     if route:
       pass_wall, pass_peak, copy_wall, copy_peak = route

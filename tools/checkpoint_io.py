@@ -59,3 +59,30 @@ def trees_bit_identical(a: Any, b: Any) -> list[str]:
     if x.dtype != y.dtype or x.shape != y.shape or x.tobytes() != y.tobytes():
       diffs.append(key)
   return diffs
+
+
+_SAFETENSORS_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": "bfloat16",
+                       "F8_E4M3": "float8_e4m3fn", "I64": np.int64, "I32": np.int32, "I8": np.int8, "U8": np.uint8}
+
+
+def read_safetensors_dir(model_dir: str) -> dict[str, np.ndarray]:
+  """Every tensor of a directory's *.safetensors files, parsed from the format itself (bf16 and fp8 included,
+  which safetensors' numpy loader cannot return)."""
+  import ml_dtypes  # pylint: disable=g-import-not-at-top
+
+  tensors: dict[str, np.ndarray] = {}
+  for name in sorted(os.listdir(model_dir)):
+    if not name.endswith(".safetensors"):
+      continue
+    with open(os.path.join(model_dir, name), "rb") as f:
+      header_size = int.from_bytes(f.read(8), "little")
+      header = json.loads(f.read(header_size))
+      data = f.read()
+    for tensor, entry in header.items():
+      if tensor == "__metadata__":
+        continue
+      start, stop = entry["data_offsets"]
+      kind = _SAFETENSORS_DTYPES[entry["dtype"]]
+      dtype = np.dtype(getattr(ml_dtypes, kind) if isinstance(kind, str) else kind)
+      tensors[tensor] = np.frombuffer(data[start:stop], dtype).reshape(entry["shape"])
+  return tensors

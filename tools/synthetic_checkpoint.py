@@ -333,8 +333,10 @@ FAMILIES = {
 }
 
 
-def write_family_checkpoint(output_dir: str, family: str, target_bytes: int, *, seed: int = 0) -> tuple[dict, int]:
+def write_family_checkpoint(output_dir: str, family: str, target_bytes: int, *, seed: int = 0,
+                            max_shard_bytes: int = 4 << 30) -> tuple[dict, int]:
   """A synthetic `family` checkpoint of about `target_bytes` (bfloat16); returns its config and exact size."""
   for_bytes, shapes = FAMILIES[family]
   config = for_bytes(target_bytes)
-  return config, write_checkpoint(output_dir, config, list(shapes(config)), seed=seed)
+  return config, write_checkpoint(output_dir, config, list(shapes(config)), seed=seed,
+                                  max_shard_bytes=max_shard_bytes)

@@ -1,4 +1,5 @@
-"""The plain source: HuggingFace safetensors files read through memory maps, one open map per shard file.
+"""The plain source: HuggingFace safetensors files read through memory maps, one open map per shard file, or,
+in a bucket, with one ranged request per read (converter/storage.py): never a copy of a whole shard.
 
 The header is parsed here rather than by the `safetensors` package so that every tensor's dtype, shape and byte
 range can be checked against the file before anything is read (a truncated download or a corrupt header is
@@ -14,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import mmap
-import os
 import struct
 import threading
 from typing import Mapping
@@ -22,6 +22,7 @@ from typing import Mapping
 import ml_dtypes
 import numpy as np
 
+from converter import storage
 from converter.errors import ConversionError
 from converter.sources.base import Region, as_slices, region_bounds, region_shape, squeeze_ints
 
@@ -83,13 +84,15 @@ class TensorInfo:
     count towards its resident memory until the whole checkpoint had been read.
     """
     try:
-      mapped = _file_map(self.path)
-    except (OSError, ValueError) as e:
-      raise ConversionError(f"{self.path}: cannot map file to read tensor {self.name!r}: {e}") from e
-    try:
       slices = as_slices(self.shape, region)
     except ValueError as e:
       raise ConversionError(f"{self.path}: tensor {self.name!r} {self.shape}: {e}") from e
+    if storage.is_remote(self.path):
+      return self._read_remote(dtype, region, slices)
+    try:
+      mapped = _file_map(self.path)
+    except (OSError, ValueError) as e:
+      raise ConversionError(f"{self.path}: cannot map file to read tensor {self.name!r}: {e}") from e
     raw = np.frombuffer(mapped, dtype=np.uint8, count=self.nbytes, offset=self.begin)
     view = raw.view(self.dtype).reshape(self.shape)[slices]
     copy = np.array(view, dtype=dtype if dtype is not None else self.dtype, order="C", copy=True)
@@ -108,6 +111,19 @@ class TensorInfo:
         pass  # Only a memory hint; reading stays correct without it.
     return squeeze_ints(copy, region)
 
+  def _read_remote(self, dtype: np.dtype | None, region: Region, slices: tuple[slice, ...]) -> np.ndarray:
+    """One ranged request for the bytes from the region's first element to its last, viewed with the tensor's
+    strides (a run of rows is exactly its bytes; a block of a 2-D grid reads the rows between, which are small)."""
+    first, last = self._byte_span(region)
+    shape = tuple(s.stop - s.start for s in slices) + tuple(self.shape[len(slices):])
+    if last <= first:
+      return squeeze_ints(np.zeros(shape, dtype if dtype is not None else self.dtype), region)
+    data = np.frombuffer(storage.read_bytes(self.path, first, last), dtype=self.dtype)
+    strides = tuple(int(np.prod(self.shape[k + 1:], dtype=np.int64)) * self.dtype.itemsize
+                    for k in range(len(self.shape)))
+    view = np.lib.stride_tricks.as_strided(data, shape, strides, writeable=False)
+    return squeeze_ints(np.array(view, dtype=dtype if dtype is not None else self.dtype, order="C"), region)
+
   def _byte_span(self, region: Region) -> tuple[int, int]:
     """Absolute offsets of the first and one past the last byte `region` touches."""
     if not self.shape:
@@ -125,17 +141,16 @@ class TensorInfo:
 def read_header(path: str) -> dict[str, TensorInfo]:
   """Parses and validates one safetensors file's header; raises ConversionError naming the file."""
   try:
-    file_size = os.path.getsize(path)
-    with open(path, "rb") as f:
-      prefix = f.read(8)
-      if len(prefix) < 8:
-        raise ConversionError(f"{path}: not a safetensors file (only {len(prefix)} bytes)")
-      (header_len,) = struct.unpack("<Q", prefix)
-      if header_len <= 0 or header_len > min(_MAX_HEADER_BYTES, file_size - 8):
-        raise ConversionError(
-            f"{path}: corrupt safetensors header (declares {header_len} header bytes, file has {file_size})"
-        )
-      raw = f.read(header_len)
+    file_size = storage.size(path)
+    prefix = storage.read_bytes(path, 0, min(8, file_size))
+    if len(prefix) < 8:
+      raise ConversionError(f"{path}: not a safetensors file (only {len(prefix)} bytes)")
+    (header_len,) = struct.unpack("<Q", prefix)
+    if header_len <= 0 or header_len > min(_MAX_HEADER_BYTES, file_size - 8):
+      raise ConversionError(
+          f"{path}: corrupt safetensors header (declares {header_len} header bytes, file has {file_size})"
+      )
+    raw = storage.read_bytes(path, 8, 8 + header_len)
   except OSError as e:
     raise ConversionError(f"{path}: cannot read: {e}") from e
   try:
@@ -205,13 +220,12 @@ class SafetensorsSource:
 
 def _index_shards(directory: str, index_path: str) -> tuple[list[str], dict[str, str]]:
   try:
-    with open(index_path) as f:
-      weight_map = json.load(f)["weight_map"]
+    weight_map = json.loads(storage.read_text(index_path))["weight_map"]
   except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
     raise ConversionError(f"{index_path}: unreadable safetensors index ({type(e).__name__}: {e})") from e
   shards = sorted(set(weight_map.values()))
   for shard in shards:
-    if not os.path.isfile(os.path.join(directory, shard)):
+    if not storage.is_file(storage.join(directory, shard)):
       names = sorted(n for n, s in weight_map.items() if s == shard)
       raise ConversionError(
           f"{index_path}: names shard {shard!r}, which does not exist (it should hold {len(names)} tensors,"
@@ -222,20 +236,20 @@ def _index_shards(directory: str, index_path: str) -> tuple[list[str], dict[str,
 
 def open_safetensors(directory: str) -> SafetensorsSource:
   """Opens `model.safetensors` or the shards of `model.safetensors.index.json` in `directory`."""
-  index_path = os.path.join(directory, "model.safetensors.index.json")
-  single_path = os.path.join(directory, "model.safetensors")
+  index_path = storage.join(directory, "model.safetensors.index.json")
+  single_path = storage.join(directory, "model.safetensors")
   tensors: dict[str, TensorInfo] = {}
-  if os.path.isfile(index_path):
+  if storage.is_file(index_path):
     shards, weight_map = _index_shards(directory, index_path)
     for shard in shards:
-      for name, info in read_header(os.path.join(directory, shard)).items():
+      for name, info in read_header(storage.join(directory, shard)).items():
         if name in tensors:
           raise ConversionError(f"{info.path}: tensor {name!r} also appears in {tensors[name].path}")
         tensors[name] = info
     for name, shard in weight_map.items():
       if name not in tensors:
         raise ConversionError(f"{index_path}: tensor {name!r} is listed in shard {shard!r} but not stored there")
-  elif os.path.isfile(single_path):
+  elif storage.is_file(single_path):
     tensors = read_header(single_path)
   else:
     raise ConversionError(

