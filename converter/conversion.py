@@ -13,9 +13,10 @@ from converter.errors import ConversionError
 from converter.model_config import load_model_config
 from converter.plan import Plan, build_plan
 from converter.progress import Progress
+from converter import processes as processes_lib
 from converter import resume as resume_lib
 from converter import sources
-from handlers import DEFAULT_MAX_INFLIGHT_BYTES, BlockWritten
+from handlers import DEFAULT_MAX_INFLIGHT_BYTES, BlockWritten, Processes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,6 +25,7 @@ class ConversionResult:
   items_path: str
   overrides: dict[str, Any]
   resumed_blocks: int = 0  # Blocks an interrupted run had written, reused rather than recomputed.
+  written_bytes: int = 0  # Bytes of blocks this process wrote (its share, with several processes).
 
 
 def plan_conversion(
@@ -70,8 +72,13 @@ def convert_to_maxtext(
     resume: bool = False,
     cancel: threading.Event | None = None,
     keep_fp8: bool = False,
+    processes: Processes = Processes(),
 ) -> ConversionResult:
-  """Plans, checks and saves. A lazy save journals its blocks so that `resume=True` can finish it later."""
+  """Plans, checks and saves. A lazy save journals its blocks so that `resume=True` can finish it later.
+
+  With several `processes`, every process runs this with the same arguments: the primary prepares the output,
+  each writes its share of the blocks, and the primary commits once all have finished.
+  """
   plan = plan_conversion(
       hf_model_path,
       scan_layers=scan_layers,
@@ -81,15 +88,22 @@ def convert_to_maxtext(
       allow_unused_tensors=allow_unused_tensors,
       keep_fp8=keep_fp8,
   )
-  writer.prepare_output_dir(output_dir, overwrite, keep_unfinished=lazy)
-  salvage, journal = resume_lib.prepare(output_dir, plan, resume=resume) if lazy else (None, None)
+  if processes.is_primary:
+    writer.prepare_output_dir(output_dir, overwrite, keep_unfinished=lazy)
+  processes_lib.barrier("output prepared", processes)
+  if resume and processes.count > 1:
+    raise ConversionError(f"{output_dir}: --resume with several processes is not supported yet")
+  journaled = lazy and processes.count == 1
+  salvage, journal = resume_lib.prepare(output_dir, plan, resume=resume) if journaled else (None, None)
   overrides = plan.runtime.config.overrides()
   metadata = conversion_record.build(plan, overrides)
   if progress is not None:
     progress.start(plan.total_bytes)
   listeners = [c for c in (progress, journal) if c is not None]
+  written = [0]
 
   def block_written(event: BlockWritten) -> None:
+    written[0] += event.nbytes
     for listener in listeners:
       listener(event)
 
@@ -97,7 +111,7 @@ def convert_to_maxtext(
     items_path = writer.save(
         resume_lib.with_salvage(plan, salvage) if salvage else plan, output_dir, lazy=lazy, devices=devices,
         max_inflight_bytes=max_inflight_bytes, custom_metadata=metadata, on_block_written=block_written,
-        keep_unfinished=journal is not None, cancel=cancel,
+        keep_unfinished=journal is not None, cancel=cancel, processes=processes,
     )
   except ConversionError as e:
     if journal is not None and resume_lib.park(output_dir, journal):
@@ -110,4 +124,4 @@ def convert_to_maxtext(
     raise
   if journal is not None:
     resume_lib.finish(output_dir, journal)
-  return ConversionResult(plan, items_path, overrides, len(salvage.blocks) if salvage else 0)
+  return ConversionResult(plan, items_path, overrides, len(salvage.blocks) if salvage else 0, written[0])

@@ -54,6 +54,13 @@ flags.DEFINE_boolean("keep_fp8", False, "FP8 checkpoints: keep the FP8 kernels a
                      " MaxText's fp8 models hold them (e.g. qwen3.5-35b-a3b-fp8); half the bytes. Default: dequantize.")
 flags.DEFINE_integer("storage_retries", 10, "Buckets: retries of one failed request (backing off 1 s, 2 s, ... up to"
                      " 32 s) before the conversion fails; 10 rides out about three minutes of outage.", lower_bound=0)
+flags.DEFINE_enum("distributed", "off", ["off", "auto"], "auto: one conversion across every process of a TPU pod or"
+                  " SLURM job, through jax.distributed.initialize() with no arguments (it discovers the rest).")
+flags.DEFINE_string("coordinator_address", None, "Several processes: HOST:PORT of process 0's coordinator"
+                    " (jax.distributed), e.g. 10.0.0.2:8476; with --num_processes and --process_id.")
+flags.DEFINE_integer("num_processes", 1, "Processes converting one checkpoint together (each writes its share).",
+                     lower_bound=1)
+flags.DEFINE_integer("process_id", 0, "This process's index among --num_processes.", lower_bound=0)
 flags.DEFINE_boolean("progress", True, "Progress bar on stderr (bytes, throughput, time left, RSS) when it is a terminal.")
 
 
@@ -82,14 +89,20 @@ def _model_path(value: str) -> str:
   return local
 
 
-def _start_jax(devices: int) -> None:
-  """Simulated CPU devices must be configured before JAX initialises a backend."""
+def _start_jax(devices: int, distributed: bool = False) -> None:
+  """Simulated CPU devices must be configured before JAX initialises a backend; with several processes, JAX's
+  distributed runtime joins them first (each then sees every process's devices, `devices` of them its own)."""
   import jax  # pylint: disable=g-import-not-at-top
 
   jax.config.update("jax_platforms", "cpu")
   jax.config.update("jax_num_cpu_devices", devices)
-  if len(jax.devices()) != devices:
-    raise app.UsageError(f"JAX started with {len(jax.devices())} devices, not {devices}")
+  if distributed and (FLAGS.distributed == "auto" or FLAGS.num_processes > 1):
+    from converter import processes  # pylint: disable=g-import-not-at-top
+
+    processes.join(auto=FLAGS.distributed == "auto", coordinator_address=FLAGS.coordinator_address,
+                   num_processes=FLAGS.num_processes, process_id=FLAGS.process_id)
+  if len(jax.local_devices()) != devices:
+    raise app.UsageError(f"JAX started with {len(jax.local_devices())} local devices, not {devices}")
 
 
 def _peak_rss_bytes() -> int:
@@ -128,7 +141,7 @@ def _run_to_huggingface() -> None:
 
 _TO_MAXTEXT_ONLY = ("scan_layers", "lazy_load_tensors", "simulated_cpu_devices_count", "save_dtype",
                     "target_vocab_size", "allow_unused_tensors", "max_inflight_bytes", "dry_run", "verify", "resume",
-                    "keep_fp8", "revision")
+                    "keep_fp8", "revision", "num_processes", "process_id", "coordinator_address", "distributed")
 
 
 def run() -> None:
@@ -141,7 +154,7 @@ def run() -> None:
     _start_jax(FLAGS.simulated_cpu_devices_count)
     _dry_run()
   else:
-    _start_jax(FLAGS.simulated_cpu_devices_count)
+    _start_jax(FLAGS.simulated_cpu_devices_count, distributed=True)
     _run_to_maxtext()
 
 
@@ -153,7 +166,7 @@ def _run_to_maxtext() -> None:
   output_dir = _resolve(FLAGS.output_dir)
   cancel = _cancel_on_signals()
   try:
-    with _output_locked(output_dir, on_lost=cancel):
+    with _output_locked(output_dir, on_lost=cancel) if _is_primary() else contextlib.nullcontext():
       result = _convert_to_maxtext(output_dir, progress, cancel)
   finally:
     progress.close()
@@ -173,11 +186,15 @@ def _run_to_maxtext() -> None:
   print(f"output:        {result.items_path}")
   if FLAGS.resume:
     print(f"resumed:       {result.resumed_blocks} blocks reused from the interrupted run")
+  shares = _processes()
+  if shares.count > 1:
+    print(f"process:       {shares.index} of {shares.count}, wrote {result.written_bytes:,} bytes"
+          f" ({result.written_bytes / max(1, plan.total_bytes):.1%} of the checkpoint)")
   for warning in plan.warnings:
     print(f"warning:       {warning}")
   print(f"MaxText:       load_parameters_path={result.items_path} "
         + " ".join(f"{k}={json.dumps(v, separators=(',', ':'))}" for k, v in result.overrides.items()))
-  if FLAGS.verify:
+  if FLAGS.verify and shares.is_primary:
     _verify(plan, result.items_path)
 
 
@@ -200,7 +217,18 @@ def _convert_to_maxtext(output_dir: str, progress, cancel: threading.Event):
       resume=FLAGS.resume,
       cancel=cancel,
       keep_fp8=FLAGS.keep_fp8,
+      processes=_processes(),
   )
+
+
+def _processes():
+  from converter import processes  # pylint: disable=g-import-not-at-top
+
+  return processes.current()
+
+
+def _is_primary() -> bool:
+  return _processes().is_primary
 
 
 @contextlib.contextmanager

@@ -21,6 +21,7 @@ from handlers import (
     LazyTensor,
     LazyTensorLoadError,
     LazyTensorWriteError,
+    Processes,
     SaveCancelled,
     ShardedLazyTensor,
     WriteOptions,
@@ -72,12 +73,17 @@ def _leaf_name(leaf: Leaf) -> str:
   return f"{leaf.name} (from {sources})"
 
 
-def leaf_values(plan: Plan, *, lazy: bool, devices: int) -> dict[str, Any]:
+def leaf_values(plan: Plan, *, lazy: bool, devices: int, processes: Processes = Processes()) -> dict[str, Any]:
   """The tree Orbax receives.
 
   Lazy: `LazyTensor`s (1 device) or `ShardedLazyTensor`s (N devices), streamed into the checkpoint block by
-  block. Eager, the reference arm: every leaf materialised first, as ndarrays or sharded jax.Arrays.
+  block. Eager, the reference arm: every leaf materialised first, as ndarrays or sharded jax.Arrays. With several
+  processes the leaves are global arrays over every process's devices, as MaxText restores them on a pod.
   """
+  if processes.count > 1:
+    if not lazy:
+      raise ConversionError("several processes write lazily only (drop --nolazy_load_tensors)")
+    devices = len(jax.devices())
   if devices == 1:
     if lazy:
       return plan.tree(lambda leaf: LazyTensor(_leaf_name(leaf), leaf.shape, leaf.dtype, leaf.loader))
@@ -102,6 +108,7 @@ def save(
     on_block_written: Callable[[BlockWritten], None] | None = None,
     keep_unfinished: bool = False,
     cancel: threading.Event | None = None,
+    processes: Processes = Processes(),
 ) -> str:
   """Saves `plan` as step 0 of `output_dir`; returns the items path MaxText loads.
 
@@ -109,19 +116,20 @@ def save(
   then the caller parks it for a resumed run.
   """
   try:
-    tree = leaf_values(plan, lazy=lazy, devices=devices)
+    tree = leaf_values(plan, lazy=lazy, devices=devices, processes=processes)
     unhandled = unhandled_leaves(tree)
     if unhandled:
       raise ConversionError(f"{output_dir}: no Orbax leaf handler for: {'; '.join(unhandled[:5])}")
     add_tensorstore_resources(storage.tensorstore_resources())
-    options = WriteOptions(max_inflight_bytes=max_inflight_bytes, on_block_written=on_block_written, cancel=cancel)
+    options = WriteOptions(max_inflight_bytes=max_inflight_bytes, on_block_written=on_block_written, cancel=cancel,
+                           processes=processes)
     checkpointer = ocp.v1.training.Checkpointer(storage.epath_of(output_dir), context=lazy_tensor_context(options))
     try:
       checkpointer.save_checkpointables(STEP, {ITEMS: tree}, custom_metadata=dict(custom_metadata))
     finally:
       checkpointer.close()
   except BaseException as e:
-    if not keep_unfinished:
+    if not keep_unfinished and processes.is_primary:
       _remove_unfinished(output_dir)
     if isinstance(e, (ConversionError, KeyboardInterrupt, SystemExit)):
       raise

@@ -21,7 +21,7 @@ from handlers.registry import ITEMS, build_lazy_tensor_checkpointables_registry,
 from handlers.storage_context import add_tensorstore_resources
 from handlers.tree_handler import LazyTensorPyTreeHandler, unhandled_leaves
 from handlers.v0_registration import LazyTensorV0Handler, register_v0_type_handler
-from handlers.write_options import DEFAULT_MAX_INFLIGHT_BYTES, BlockWritten, SaveCancelled, WriteOptions
+from handlers.write_options import DEFAULT_MAX_INFLIGHT_BYTES, BlockWritten, Processes, SaveCancelled, WriteOptions
 
 register_v0_type_handler()
 
@@ -36,6 +36,7 @@ __all__ = [
     "LazyTensorLeafHandler",
     "LazyTensorLoadError",
     "LazyTensorWriteError",
+    "Processes",
     "LazyTensorPyTreeHandler",
     "LazyTensorV0Handler",
     "RegionLoader",

@@ -54,7 +54,8 @@ class _StreamingWrites:
     futures = []
     if self._sharded:
       futures.append(_orbax_private.CommitFuture(
-          _orbax_private.serialize_shardings([v.sharding for v in values], infos, primary_host=0),
+          _orbax_private.serialize_shardings([v.sharding for v in values], infos,
+                                             primary_host=self._options.processes.primary),
           name="lazy_tensor_shardings",
       ))
     futures.append(_orbax_private.CommitFuture(self._write(values, infos, args), name="lazy_tensor_writes"))
@@ -67,7 +68,8 @@ class _StreamingWrites:
     )
     store = getattr(self._base, "_array_metadata_store", None) if self._sharded else None
     if store is not None:
-      await store.write(checkpoint_dir=infos[0].parent_dir, array_metadatas=metadatas, process_index=0)
+      await store.write(checkpoint_dir=infos[0].parent_dir, array_metadatas=metadatas,
+                        process_index=self._options.processes.index)
 
 
 class LazyTensorLeafHandler(_orbax_private.NumpyLeafHandler):

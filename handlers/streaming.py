@@ -8,7 +8,7 @@ from typing import Any, Sequence
 
 import tensorstore as ts
 
-from handlers import _orbax_private
+from handlers import _orbax_private, shares
 from handlers.byte_budget import ByteBudget
 from handlers.lazy_tensor import LazyTensor, LazyTensorWriteError, block_indices, brief_error
 from handlers.write_options import BlockWritten, SaveCancelled, WriteOptions
@@ -94,9 +94,10 @@ def write_shape(lazy: LazyTensor, block: tuple[int, ...]) -> tuple[int, ...]:
 
 
 async def _open(
-    lazy: LazyTensor, block: tuple[int, ...], info: Any, arg: Any, metadata_key: str | None
+    lazy: LazyTensor, block: tuple[int, ...], info: Any, arg: Any, metadata_key: str | None, create: bool
 ) -> tuple[ts.TensorStore, Any]:
-  """Opens (creates) the stored array exactly as Orbax's handlers do, with the grid of `write_shape`."""
+  """Opens the stored array exactly as Orbax's handlers do, with the grid of `write_shape`: created by the
+  primary process; the others assume its metadata (no I/O), as Orbax's own array writes do."""
   await info.await_path_creation()
   spec = _orbax_private.build_array_write_spec(
       info=info,
@@ -109,7 +110,10 @@ async def _open(
       metadata_key=metadata_key,
   )
   try:
-    store = await ts.open(ts.Spec(spec.json), create=True, open=True, context=info.ts_context)
+    if create:
+      store = await ts.open(ts.Spec(spec.json), create=True, open=True, context=info.ts_context)
+    else:
+      store = await ts.open(ts.Spec(spec.json), open=True, assume_metadata=True, context=info.ts_context)
   except Exception as e:
     raise LazyTensorWriteError(f"Failed to create the array for tensor {lazy.name!r}: {brief_error(e)}") from e
   return store, spec.metadata
@@ -134,14 +138,20 @@ async def write_lazy_tensors(
     if not task.cancelled() and task.exception() is not None:
       errors.append(task.exception())
 
+  # Several blocks in flight keep both cores and the disk busy; a small budget makes small blocks.
+  blocks = [write_block_shape(lazy, min(TARGET_BLOCK_BYTES, options.max_inflight_bytes // 4)) for lazy in values]
+  indices = [list(block_indices(lazy.shape, block)) for lazy, block in zip(values, blocks)]
+  sizes = [math.prod(s.stop - s.start for s in index) * lazy.itemsize
+           for lazy, leaf_indices in zip(values, indices) for index in leaf_indices]
+  owner = iter(shares.owners(sizes, options.processes.count))
   metadatas = []
   try:
-    for lazy, info, arg in zip(values, infos, args):
-      # Several blocks in flight keep both cores and the disk busy; a small budget makes small blocks.
-      block = write_block_shape(lazy, min(TARGET_BLOCK_BYTES, options.max_inflight_bytes // 4))
-      store, metadata = await _open(lazy, block, info, arg, metadata_key)
+    for lazy, info, arg, block, leaf_indices in zip(values, infos, args, blocks, indices):
+      store, metadata = await _open(lazy, block, info, arg, metadata_key, create=options.processes.is_primary)
       metadatas.append(metadata)
-      for index in block_indices(lazy.shape, block):
+      for index in leaf_indices:
+        if next(owner) != options.processes.index:
+          continue
         if errors:
           raise errors[0]
         if options.cancel is not None and options.cancel.is_set():

@@ -20,12 +20,27 @@ class BlockWritten:
 
 
 @dataclasses.dataclass(frozen=True)
+class Processes:
+  """Which of the processes saving one checkpoint together this one is. Each writes a disjoint share of the
+  blocks (handlers/shares.py); the primary creates every array's metadata and writes the `_sharding` entries."""
+
+  index: int = 0
+  count: int = 1
+  primary: int = 0
+
+  @property
+  def is_primary(self) -> bool:
+    return self.index == self.primary
+
+
+@dataclasses.dataclass(frozen=True)
 class WriteOptions:
   max_inflight_bytes: int = DEFAULT_MAX_INFLIGHT_BYTES
   # Called on the save's event loop after each block's write has completed (progress bars, resume journals).
   on_block_written: Callable[[BlockWritten], None] | None = None
   # Set it (from a signal handler, say) to stop before the next block: the save then fails and never commits.
   cancel: threading.Event | None = None
+  processes: Processes = Processes()
 
 
 class SaveCancelled(RuntimeError):

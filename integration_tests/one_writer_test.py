@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -76,10 +77,16 @@ class OneWriterTest(parameterized.TestCase):
     while not self.lock_exists(out) and first.poll() is None and time.monotonic() < deadline:
       time.sleep(0.05)
     self.assertIsNone(first.poll(), "the first conversion finished before the second could start")
-    started = time.monotonic()
-    second = subprocess.run([sys.executable, harness.CONVERTER_MAIN, *self.flags(out)], env=self.env(),
-                            capture_output=True, text=True, timeout=300)
-    refused_after = time.monotonic() - started
+    # Paused while the second one runs, so that it cannot finish first on a busy machine (a stalled writer,
+    # which must be refused just the same).
+    os.kill(first.pid, signal.SIGSTOP)
+    try:
+      started = time.monotonic()
+      second = subprocess.run([sys.executable, harness.CONVERTER_MAIN, *self.flags(out)], env=self.env(),
+                              capture_output=True, text=True, timeout=300)
+      refused_after = time.monotonic() - started
+    finally:
+      os.kill(first.pid, signal.SIGCONT)
     self.assertEqual(second.returncode, 1, second.stderr[-2000:])
     error = [line for line in second.stderr.splitlines() if line.startswith("error: ")]
     self.assertLen(error, 1, second.stderr[-2000:])

@@ -27,6 +27,7 @@ import sys
 import threading
 import time
 
+import numpy as np
 import psutil
 from absl import app, flags
 
@@ -47,6 +48,8 @@ flags.DEFINE_float("memory_limit_gib", None, "Run each conversion in a memory cg
 
 flags.DEFINE_integer("shard_mb", 4096, "Largest safetensors shard of the synthetic checkpoint, in MiB (one tensor"
                      " larger than it gets a shard of its own).")
+flags.DEFINE_list("processes", [], "Also convert with several processes (one device each, joined on 127.0.0.1):"
+                  " these counts unpinned, plus 1 process pinned to core 0 against 2 pinned to cores 0 and 1.")
 flags.DEFINE_string("bucket", None, "Also convert from and to a bucket: `emulator` (fake-gcs-server on 127.0.0.1,"
                     " objects on the work_dir's disk; it handles multi-GB uploads slowly: use --shard_mb=40) or gs://BUCKET/PREFIX (a real one, or the one"
                     " STORAGE_EMULATOR_HOST points at); the input is uploaded there once.")
@@ -136,6 +139,62 @@ def io_floor(input_dir: str, scratch: str, write_ratio: float = 1.0) -> tuple[fl
   return seconds, total
 
 
+def compression_floor(input_dir: str, nbytes: int, scratch: str) -> float:
+  """Seconds to push `nbytes` of the input's tensor bytes (repeated when the output is larger, as a dequantized
+  FP8 checkpoint is) through the codec Orbax writes with, zstd level 3 in a zarr3 array on the local disk,
+  through tensorstore on every core: the other floor a conversion cannot beat, beside the I/O one."""
+  import tensorstore as ts  # pylint: disable=g-import-not-at-top
+
+  piece = 64 << 20
+  files = [os.path.join(input_dir, f) for f in sorted(os.listdir(input_dir)) if f.endswith(".safetensors")]
+  count = -(-nbytes // piece)
+  path = os.path.join(scratch, "compression-floor.zarr")
+  shutil.rmtree(path, ignore_errors=True)
+  store = ts.open({"driver": "zarr3", "kvstore": {"driver": "file", "path": path},
+                   "metadata": {"shape": [count * piece // 2], "data_type": "uint16",
+                                "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [piece // 2]}},
+                                "codecs": [{"name": "bytes"}, {"name": "zstd", "configuration": {"level": 3}}]}},
+                  create=True, delete_existing=True).result()
+
+  def pieces():
+    left = count
+    while left:
+      for name in files:
+        with open(name, "rb", buffering=0) as f:
+          while left and (data := f.read(piece)):
+            if len(data) < piece:
+              data += bytes(piece - len(data))
+            left -= 1
+            yield np.frombuffer(data, np.uint16)
+
+  pending = []
+  start = time.monotonic()
+  for i, values in enumerate(pieces()):
+    pending.append(store[i * (piece // 2):(i + 1) * (piece // 2)].write(values))
+    if len(pending) >= 4:
+      pending.pop(0).result()
+  for future in pending:
+    future.result()
+  seconds = time.monotonic() - start
+  shutil.rmtree(path, ignore_errors=True)
+  return seconds
+
+
+def start_up_seconds(runs: int) -> float:
+  """Median wall of converting the bundled tiny checkpoint (0.4 MB): what a run costs before its first byte."""
+  walls = []
+  scratch = os.path.join(FLAGS.work_dir, "tiny-out")
+  for _ in range(runs):
+    command = [sys.executable, os.path.join(_REPO, "converter", "main.py"),
+               f"--hf_model_path={os.path.join(_REPO, 'testdata', 'tiny-qwen3')}", f"--output_dir={scratch}",
+               "--overwrite", "--simulated_cpu_devices_count=1", "--noprogress"]
+    start = time.monotonic()
+    subprocess.run(command, env=dict(os.environ, PYTHONPATH=_REPO), check=True, capture_output=True)
+    walls.append(time.monotonic() - start)
+  shutil.rmtree(scratch, ignore_errors=True)
+  return statistics.median(walls)
+
+
 def _du(path: str) -> int:
   return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
 
@@ -162,6 +221,75 @@ def _has_native_fp8(input_dir: str) -> bool:
   from converter.model_config import load_model_config  # pylint: disable=g-import-not-at-top
 
   return families.resolve(load_model_config(input_dir)).family.fp8_unquantized_modules is not None
+
+
+def _free_port() -> int:
+  import socket  # pylint: disable=g-import-not-at-top
+
+  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def run_processes(input_dir: str, output_dir: str, count: int, cores: list[int] | None,
+                  env: dict[str, str]) -> tuple[float, list[int]]:
+  """One conversion by `count` processes (each pinned to `cores[i]` when given); returns the wall until the last
+  one exits and each process's peak RSS."""
+  address = f"127.0.0.1:{_free_port()}"
+  children, peaks = [], [0] * count
+  start = time.monotonic()
+  for i in range(count):
+    command = _convert_command(input_dir, output_dir, "1")
+    if count > 1:
+      command += [f"--num_processes={count}", f"--process_id={i}", f"--coordinator_address={address}"]
+    if cores is not None:
+      command = ["taskset", "-c", str(cores[i]), *command]
+    children.append(subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+  done = threading.Event()
+
+  def sample():
+    processes = [psutil.Process(c.pid) for c in children]
+    while not done.is_set():
+      for i, process in enumerate(processes):
+        try:
+          peaks[i] = max(peaks[i], _tree_rss(process))
+        except psutil.Error:
+          pass
+      time.sleep(0.02)
+
+  sampler = threading.Thread(target=sample, daemon=True)
+  sampler.start()
+  results = [c.communicate() for c in children]
+  wall = time.monotonic() - start
+  done.set()
+  sampler.join()
+  for child, (_, stderr) in zip(children, results):
+    if child.returncode:
+      sys.exit(f"{count} processes: a process failed ({child.returncode}):\n{stderr[-3000:]}")
+  return wall, peaks
+
+
+def _scaling_runs(input_dir: str, input_bytes: int, env: dict[str, str]) -> None:
+  output_dir = os.path.join(FLAGS.work_dir, "out-processes")
+  settings = [("1 process, pinned to core 0", 1, [0]), ("2 processes, pinned to cores 0 and 1", 2, [0, 1])]
+  settings += [(f"{n} process{'es' if int(n) > 1 else ''}, unpinned", int(n), None) for n in FLAGS.processes]
+  rows = []
+  for label, count, cores in settings:
+    walls, peaks = [], []
+    for _ in range(FLAGS.runs):
+      shutil.rmtree(output_dir, ignore_errors=True)
+      wall, peak = run_processes(input_dir, output_dir, count, cores, env)
+      print(f"{label}: wall={wall:.1f}s peak_rss={max(peak) / 2**30:.2f}GiB", flush=True)
+      walls.append(wall)
+      peaks.append(max(peak))
+    rows.append((label, statistics.median(walls), statistics.median(peaks)))
+  shutil.rmtree(output_dir, ignore_errors=True)
+  print("| processes | wall (median) | throughput | peak RSS per process | speed-up |")
+  print("|---|---|---|---|---|")
+  pinned_one = rows[0][1]
+  for label, wall, peak in rows:
+    print(f"| {label} | {wall:.1f} s | {input_bytes / wall / 1e6:.0f} MB/s | {peak / 2**30:.2f} GiB |"
+          f" {pinned_one / wall:.2f}x |")
 
 
 def bucket_floor(remote_dir: str, names: list[str], scratch: str) -> tuple[float, float]:
@@ -283,12 +411,13 @@ def main(argv: list[str]) -> None:
   env = dict(os.environ, PYTHONPATH=_REPO)
   cgroup = MemoryCgroup(int(FLAGS.memory_limit_gib * 2**30)) if FLAGS.memory_limit_gib else None
   input_bytes = sum(os.path.getsize(os.path.join(input_dir, f)) for f in os.listdir(input_dir))
-  floors, native_floors, rows, native_rows = [], [], [], []
+  floors, native_floors, rows, native_rows, compression = [], [], [], [], []
   for devices in FLAGS.devices:
     walls, peaks, routes, native_runs = [], [], [], []
     for _ in range(FLAGS.runs):
       shutil.rmtree(output_dir, ignore_errors=True)  # Disk: input + the floor's copy must fit, not + output too.
       floors.append(io_floor(input_dir, FLAGS.work_dir, 2.0 if quantized else 1.0)[0])
+      compression.append(compression_floor(input_dir, input_bytes * (2 if quantized else 1), FLAGS.work_dir))
       wall, peak = _run(f"devices={devices}", _convert_command(input_dir, output_dir, devices), env, cgroup)
       walls.append(wall)
       peaks.append(peak)
@@ -314,24 +443,31 @@ def main(argv: list[str]) -> None:
     if native_runs:
       native_rows.append((devices, *(statistics.median(r[k] for r in native_runs) for k in range(3))))
   shutil.rmtree(output_dir, ignore_errors=True)
-  floor = statistics.median(floors)
+  io = statistics.median(floors)
+  zstd = statistics.median(compression)
+  floor = max(io, zstd)
   moved = input_bytes * (3 if quantized else 2)
   print(f"\ninput {input_bytes / 1e9:.2f} GB; I/O floor (read input + write {'twice' if quantized else 'as much'},"
-        f" fsync) median {floor:.1f} s ({moved / floor / 1e9:.2f} GB/s moved)")
-  print("| model | size | devices | scan | wall (median) | peak RSS | output | throughput | floor | wall / floor |")
-  print("|---|---|---|---|---|---|---|---|---|---|")
+        f" fsync) median {io:.1f} s ({moved / io / 1e9:.2f} GB/s moved); compression floor (the output's"
+        f" {input_bytes * (2 if quantized else 1) / 1e9:.2f} GB through zstd level 3, Orbax's zarr3 codec, via"
+        f" tensorstore) median {zstd:.1f} s; start-up (the bundled tiny checkpoint) {start_up_seconds(3):.2f} s")
+  print("| model | size | devices | scan | wall (median) | peak RSS | output | throughput | I/O floor |"
+        " compression floor | wall / max(floors) |")
+  print("|---|---|---|---|---|---|---|---|---|---|---|")
   for devices, wall, peak, out_bytes, route in rows:
     print(f"| {FLAGS.family} | {input_bytes / 1e9:.1f} GB | {devices} | {'on' if FLAGS.scan_layers else 'off'} |"
           f" {wall:.1f} s | {peak / 2**30:.2f} GiB | {out_bytes / 1e9:.2f} GB | {input_bytes / wall / 1e6:.0f} MB/s |"
-          f" {floor:.1f} s | {wall / floor:.2f} |")
+          f" {io:.1f} s | {zstd:.1f} s | {wall / floor:.2f} |")
   if native_rows:
     native_floor = statistics.median(native_floors)
     for devices, wall, peak, out_bytes in native_rows:
       print(f"| {FLAGS.family}, --keep_fp8 (native fp8 output) | {input_bytes / 1e9:.1f} GB | {devices} |"
             f" {'on' if FLAGS.scan_layers else 'off'} | {wall:.1f} s | {peak / 2**30:.2f} GiB |"
             f" {out_bytes / 1e9:.2f} GB | {input_bytes / wall / 1e6:.0f} MB/s | {native_floor:.1f} s (read + write"
-            f" as much) | {wall / native_floor:.2f} |")
-  _print_route_rows(rows, input_bytes, floor)
+            f" as much) | | {wall / native_floor:.2f} (I/O) |")
+  _print_route_rows(rows, input_bytes, io, zstd)
+  if FLAGS.processes:
+    _scaling_runs(input_dir, input_bytes, env)
   if FLAGS.bucket:
     _bucket_runs(input_dir, env, cgroup)
   if cgroup:
@@ -339,14 +475,15 @@ def main(argv: list[str]) -> None:
     print(f"\nevery conversion ran in a memory cgroup limited to {FLAGS.memory_limit_gib:g} GiB")
 
 
-def _print_route_rows(rows: list, input_bytes: int, floor: float) -> None:
+def _print_route_rows(rows: list, input_bytes: int, io: float, zstd: float) -> None:
+  floor = max(io, zstd)
   for devices, wall, _, _, route in rows:
     if route:
       pass_wall, pass_peak, copy_wall, copy_peak = route
       print(f"| {FLAGS.family}, dequantize-then-convert (MaxText's route) | {input_bytes / 1e9:.1f} GB | {devices} |"
             f" {'on' if FLAGS.scan_layers else 'off'} | {pass_wall + copy_wall:.1f} s ({pass_wall:.1f} s pass +"
             f" {copy_wall:.1f} s conversion) | {max(pass_peak, copy_peak) / 2**30:.2f} GiB (bf16 conversion"
-            f" {copy_peak / 2**30:.2f} GiB) | | | {floor:.1f} s | {(pass_wall + copy_wall) / floor:.2f}"
+            f" {copy_peak / 2**30:.2f} GiB) | | | {io:.1f} s | {zstd:.1f} s | {(pass_wall + copy_wall) / floor:.2f}"
             f" ({(pass_wall + copy_wall) / wall:.2f}x the direct conversion) |")
 
 

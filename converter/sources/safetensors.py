@@ -1,5 +1,5 @@
-"""The plain source: HuggingFace safetensors files read through memory maps, one open map per shard file, or,
-in a bucket, with one ranged request per read (converter/storage.py): never a copy of a whole shard.
+"""The plain source: HuggingFace safetensors files, their tensors read through memory maps (mapped_file.py) or, in
+a bucket, with one ranged request per read (ranged_file.py): never a copy of a whole shard.
 
 The header is parsed here rather than by the `safetensors` package so that every tensor's dtype, shape and byte
 range can be checked against the file before anything is read (a truncated download or a corrupt header is
@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import mmap
 import struct
-import threading
 from typing import Mapping
 
 import ml_dtypes
@@ -24,6 +22,7 @@ import numpy as np
 
 from converter import storage
 from converter.errors import ConversionError
+from converter.sources import mapped_file, ranged_file
 from converter.sources.base import Region, as_slices, region_bounds, region_shape, squeeze_ints
 
 SAFETENSORS_DTYPES: Mapping[str, np.dtype] = {
@@ -78,51 +77,18 @@ class TensorInfo:
 
   def read(self, dtype: np.dtype | None = None, region: Region = ()) -> np.ndarray:
     """A private copy of `region` (leading-axis ints and slices), cast to `dtype` (no float32 round trip when the
-    dtypes already match).
-
-    The pages read are dropped from this process right after the copy: they are file-backed and would otherwise
-    count towards its resident memory until the whole checkpoint had been read.
-    """
+    dtypes already match), from a memory map (local files) or one ranged request (buckets)."""
     try:
       slices = as_slices(self.shape, region)
     except ValueError as e:
       raise ConversionError(f"{self.path}: tensor {self.name!r} {self.shape}: {e}") from e
-    if storage.is_remote(self.path):
-      return self._read_remote(dtype, region, slices)
+    reader = ranged_file if storage.is_remote(self.path) else mapped_file
     try:
-      mapped = _file_map(self.path)
+      copy = reader.read(self.path, self.begin, self.dtype, self.shape, slices, self._byte_span(region),
+                         dtype if dtype is not None else self.dtype)
     except (OSError, ValueError) as e:
-      raise ConversionError(f"{self.path}: cannot map file to read tensor {self.name!r}: {e}") from e
-    raw = np.frombuffer(mapped, dtype=np.uint8, count=self.nbytes, offset=self.begin)
-    view = raw.view(self.dtype).reshape(self.shape)[slices]
-    copy = np.array(view, dtype=dtype if dtype is not None else self.dtype, order="C", copy=True)
-    del raw, view
-    first, last = self._byte_span(region)
-    if last > first:
-      # A fault maps cached neighbours too (fault-around, whole large folios of the page cache: measured here, a
-      # 256 KiB read left 400 KiB beyond it mapped): left mapped, they add up over thousands of small reads
-      # (Qwen3.5's experts and their scale grids: 0.5 GB of file pages resident on a 1 GB checkpoint). Dropping
-      # them too costs a neighbour read later only a minor fault.
-      start = max(0, first - first % _PAGE - _FAULT_AROUND)
-      stop = min(len(mapped), last + _FAULT_AROUND)
-      try:
-        mapped.madvise(mmap.MADV_DONTNEED, start, stop - start)
-      except (OSError, ValueError, AttributeError):
-        pass  # Only a memory hint; reading stays correct without it.
+      raise ConversionError(f"{self.path}: cannot read tensor {self.name!r}: {e}") from e
     return squeeze_ints(copy, region)
-
-  def _read_remote(self, dtype: np.dtype | None, region: Region, slices: tuple[slice, ...]) -> np.ndarray:
-    """One ranged request for the bytes from the region's first element to its last, viewed with the tensor's
-    strides (a run of rows is exactly its bytes; a block of a 2-D grid reads the rows between, which are small)."""
-    first, last = self._byte_span(region)
-    shape = tuple(s.stop - s.start for s in slices) + tuple(self.shape[len(slices):])
-    if last <= first:
-      return squeeze_ints(np.zeros(shape, dtype if dtype is not None else self.dtype), region)
-    data = np.frombuffer(storage.read_bytes(self.path, first, last), dtype=self.dtype)
-    strides = tuple(int(np.prod(self.shape[k + 1:], dtype=np.int64)) * self.dtype.itemsize
-                    for k in range(len(self.shape)))
-    view = np.lib.stride_tricks.as_strided(data, shape, strides, writeable=False)
-    return squeeze_ints(np.array(view, dtype=dtype if dtype is not None else self.dtype, order="C"), region)
 
   def _byte_span(self, region: Region) -> tuple[int, int]:
     """Absolute offsets of the first and one past the last byte `region` touches."""
@@ -183,25 +149,6 @@ def read_header(path: str) -> dict[str, TensorInfo]:
       )
     tensors[name] = TensorInfo(name, path, dtype_code, shape, data_start + begin, data_start + end)
   return tensors
-
-
-_maps: dict[str, mmap.mmap] = {}
-_maps_lock = threading.Lock()
-_FAULT_AROUND = 2 << 20  # The largest folio the page cache maps at once (a PMD).
-_PAGE = mmap.PAGESIZE
-
-
-def _file_map(path: str) -> mmap.mmap:
-  """One read-only map per file per process, shared by every tensor and thread (no lock on reads)."""
-  mapped = _maps.get(path)
-  if mapped is None:
-    with _maps_lock:
-      mapped = _maps.get(path)
-      if mapped is None:
-        with open(path, "rb") as f:
-          mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        _maps[path] = mapped
-  return mapped
 
 
 @dataclasses.dataclass(frozen=True)

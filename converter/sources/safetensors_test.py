@@ -7,6 +7,7 @@ import ml_dtypes
 import numpy as np
 from absl.testing import absltest
 
+from converter import storage
 from converter.errors import ConversionError
 from converter.sources import open_safetensors
 from tools.safetensors_writer import write_safetensors
@@ -42,6 +43,56 @@ class SafetensorsSourceTest(absltest.TestCase):
   def test_strided_regions_are_refused_with_the_tensor_name(self):
     with self.assertRaisesRegex(ConversionError, "'stacked'.*step-1"):
       self.source.tensors["stacked"].read(None, (slice(0, 5, 2),))
+
+
+class RemoteReadsTest(absltest.TestCase):
+  """A bucket checkpoint is read as headers first, then exactly the byte range of each region: every storage call
+  is recorded (the same files served as gs:// paths; gcs_test runs the real endpoint)."""
+
+  def setUp(self):
+    super().setUp()
+    self.dir = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
+    rng = np.random.default_rng(1)
+    self.big = rng.standard_normal((64, 32, 16)).astype(ml_dtypes.bfloat16)  # 64 KiB
+    self.grid = rng.standard_normal((40, 24)).astype(np.float32)
+    write_safetensors(os.path.join(self.dir, "model.safetensors"), {"big": self.big, "grid": self.grid})
+    self.reads: list[tuple[str, int, int | None]] = []
+    local = lambda path: path.replace("gs://bucket/model", self.dir)
+    real_read_bytes, real_size, real_is_file = storage.read_bytes, storage.size, storage.is_file
+
+    def read_bytes(path, start=0, stop=None):
+      self.reads.append((os.path.basename(path), start, stop))
+      return real_read_bytes(local(path), start, stop)
+
+    for name, replacement in [("read_bytes", read_bytes), ("size", lambda p: real_size(local(p))),
+                              ("is_file", lambda p: real_is_file(local(p)))]:
+      patcher = absltest.mock.patch.object(storage, name, replacement)
+      patcher.start()
+      self.addCleanup(patcher.stop)
+    self.source = open_safetensors("gs://bucket/model")
+
+  def test_only_the_header_is_read_on_opening(self):
+    self.assertEqual([r[1:] for r in self.reads][:1], [(0, 8)])
+    self.assertLen(self.reads, 2)
+    header_end = self.reads[1][2]
+    self.assertLess(header_end, 1024)
+
+  def test_each_region_reads_exactly_its_bytes(self):
+    big = self.source.tensors["big"]
+    for region in [(5,), (slice(10, 13),), (63, slice(4, 8)), ()]:
+      self.reads.clear()
+      np.testing.assert_array_equal(big.read(None, region), self.big[region])
+      self.assertLen(self.reads, 1)
+      _, start, stop = self.reads[0]
+      expected = np.zeros(self.big.shape, bool)
+      expected[region] = True
+      touched = np.flatnonzero(expected.reshape(-1))
+      self.assertEqual((start - big.begin, stop - big.begin), (touched[0] * 2, (touched[-1] + 1) * 2))
+
+  def test_a_block_of_a_grid_is_exact_and_cast(self):
+    grid = self.source.tensors["grid"]
+    np.testing.assert_array_equal(grid.read(ml_dtypes.bfloat16, (slice(8, 16), slice(4, 12))),
+                                  self.grid[8:16, 4:12].astype(ml_dtypes.bfloat16))
 
 
 if __name__ == "__main__":

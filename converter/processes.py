@@ -1,0 +1,47 @@
+"""Several processes converting one checkpoint: joining JAX's distributed runtime, who this process is, and the
+barriers between the steps that only the primary process takes (preparing the output, committing).
+
+Each process then writes a disjoint share of the blocks (handlers/shares.py) into its own OCDBT database, and
+Orbax's own multi-process protocol has the primary merge them and commit once every process has finished.
+"""
+
+from __future__ import annotations
+
+from converter.errors import ConversionError
+from handlers import Processes
+
+# A process that dies stops sending heartbeats; the coordinator then fails every other process's next barrier.
+HEARTBEAT_TIMEOUT_S = 20
+BARRIER_TIMEOUT_S = 3600  # Between two barriers a share is written: up to an hour of work on a pod host.
+
+
+def join(*, auto: bool, coordinator_address: str | None, num_processes: int, process_id: int) -> None:
+  """jax.distributed.initialize with CPU collectives over gloo; `auto` lets JAX discover everything (TPU pods,
+  SLURM)."""
+  import jax  # pylint: disable=g-import-not-at-top
+
+  jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  if auto:
+    jax.distributed.initialize(heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S)
+    return
+  if not coordinator_address:
+    raise ConversionError("--num_processes > 1 needs --coordinator_address (process 0's HOST:PORT)")
+  if process_id >= num_processes:
+    raise ConversionError(f"--process_id={process_id} is not below --num_processes={num_processes}")
+  jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes,
+                             process_id=process_id, heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S)
+
+
+def current() -> Processes:
+  import jax  # pylint: disable=g-import-not-at-top
+
+  return Processes(index=jax.process_index(), count=jax.process_count(), primary=0)
+
+
+def barrier(name: str, processes: Processes) -> None:
+  """Every process waits here until all have arrived (a no-op for one process)."""
+  if processes.count == 1:
+    return
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+
+  ocp.multihost.sync_global_processes(f"hf2maxtext:{name}", timeout=BARRIER_TIMEOUT_S)

@@ -1,0 +1,23 @@
+"""A bucket object's tensor regions, each with one ranged request (converter/storage.py) for the bytes from the
+region's first element to its last: a run of rows is exactly its bytes; a block of a 2-D grid reads the rows
+between, which are small. Nothing else of the object is fetched."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from converter import storage
+
+
+def read(path: str, begin: int, stored: np.dtype, shape: tuple[int, ...], slices: tuple[slice, ...],
+         span: tuple[int, int], dtype: np.dtype) -> np.ndarray:
+  """As mapped_file.read, for an object in a bucket."""
+  del begin  # `span` is absolute.
+  first, last = span
+  region = tuple(s.stop - s.start for s in slices) + tuple(shape[len(slices):])
+  if last <= first:
+    return np.zeros(region, dtype)
+  data = np.frombuffer(storage.read_bytes(path, first, last), dtype=stored)
+  strides = tuple(int(np.prod(shape[k + 1:], dtype=np.int64)) * stored.itemsize for k in range(len(shape)))
+  view = np.lib.stride_tricks.as_strided(data, region, strides, writeable=False)
+  return np.array(view, dtype=dtype, order="C")

@@ -1,0 +1,142 @@
+"""One conversion across several processes (JAX's distributed runtime on 127.0.0.1, started by the test): the
+checkpoint equals the single-process one bit for bit, every process wrote about 1/N of it, and a process killed
+mid-save ends the others non-zero with nothing committed."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+from absl.testing import absltest, parameterized
+
+from integration_tests import harness
+
+harness.start_jax()
+
+from tools import checkpoint_io, synthetic_checkpoint  # pylint: disable=g-import-not-at-top
+
+_STARTUP_TIMEOUT_S = 300
+
+
+def _free_port() -> int:
+  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def start_processes(count: int, *flags: str) -> list[subprocess.Popen]:
+  """`count` converter processes joined through a coordinator on 127.0.0.1 (process 0 hosts it)."""
+  address = f"127.0.0.1:{_free_port()}"
+  env = dict(os.environ, PYTHONPATH=harness.REPO_ROOT)
+  env.pop("HF2MAXTEXT_TEST_PLATFORM", None)
+  return [subprocess.Popen([sys.executable, harness.CONVERTER_MAIN, *flags, f"--num_processes={count}",
+                            f"--process_id={i}", f"--coordinator_address={address}", "--noprogress"],
+                           env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+          for i in range(count)]
+
+
+def finish(children: list[subprocess.Popen], timeout: float = 600) -> list[subprocess.CompletedProcess]:
+  results = []
+  for child in children:
+    try:
+      stdout, stderr = child.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+      child.kill()
+      stdout, stderr = child.communicate()
+    results.append(subprocess.CompletedProcess(child.args, child.returncode, stdout, stderr))
+  return results
+
+
+def _model(name: str) -> str:
+  if name == "dense":
+    config = synthetic_checkpoint.llama_config(hidden=256, layers=4, intermediate=512, heads=4, kv_heads=2,
+                                               vocab=1000)
+    shapes = synthetic_checkpoint.llama_shapes(config)
+  else:
+    config = synthetic_checkpoint.qwen3_moe_config(hidden=256, layers=3, experts=8, moe_dim=128, heads=4,
+                                                   kv_heads=2, head_dim=64, vocab=1000)
+    shapes = synthetic_checkpoint.qwen3_moe_shapes(config)
+  directory = harness.scratch_dir(f"multiprocess-{name}-")
+  synthetic_checkpoint.write_checkpoint(directory, config, list(shapes), max_shard_bytes=1 << 20)
+  return directory
+
+
+class MultiProcessTest(parameterized.TestCase):
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.models = {name: _model(name) for name in ("dense", "moe")}
+
+  @parameterized.product(model=["dense", "moe"], scan=[True, False], processes=[2, 4])
+  def test_shares_add_up_to_the_single_process_checkpoint(self, model, scan, processes):
+    flags = [f"--hf_model_path={self.models[model]}", f"--scan_layers={scan}", "--simulated_cpu_devices_count=1",
+             "--max_inflight_bytes=1048576"]
+    out = os.path.join(harness.scratch_dir("multiprocess-"), "out")
+    results = finish(start_processes(processes, *flags, f"--output_dir={out}"))
+    for i, result in enumerate(results):
+      self.assertEqual(result.returncode, 0, f"process {i}:\n{result.stderr[-3000:]}")
+    reference = os.path.join(harness.scratch_dir("multiprocess-ref-"), "out")
+    harness.run_converter(*flags[:-2], f"--simulated_cpu_devices_count={processes}", f"--output_dir={reference}",
+                          "--max_inflight_bytes=1048576", "--noprogress")
+    restored = checkpoint_io.restore_v0(os.path.join(out, "0", "items"))
+    expected = checkpoint_io.restore_v0(os.path.join(reference, "0", "items"))
+    self.assertEqual(checkpoint_io.trees_bit_identical(restored, expected), [])
+    self.assertEqual(checkpoint_io.trees_bit_identical(
+        checkpoint_io.restore_v1(os.path.join(out, "0", "items"), expected), expected), [])
+    self.assertEqual(set(checkpoint_io.leaf_value_types(os.path.join(out, "0", "items")).values()) - {"scalar", "Dict"},
+                     {"jax.Array"})
+    written = [int(re.search(r"wrote ([\d,]+) bytes", r.stdout).group(1).replace(",", "")) for r in results]
+    total = int(re.search(r"bytes:\s+([\d,]+)", results[0].stdout).group(1).replace(",", ""))
+    self.assertEqual(sum(written), total)
+    for share in written:  # Blocks are at most 256 KiB here (a quarter of the budget).
+      self.assertLess(abs(share - total / processes), 300_000, written)
+    self.assertEqual(sorted(os.listdir(os.path.join(out, "0", "items"))).count("ocdbt.process_0"), 1)
+    self.assertLen([n for n in os.listdir(os.path.join(out, "0", "items")) if n.startswith("ocdbt.process_")],
+                   processes)
+
+  def test_what_several_processes_cannot_do_yet_is_refused(self):
+    out = os.path.join(harness.scratch_dir("multiprocess-"), "out")
+    flags = [f"--hf_model_path={self.models['dense']}", f"--output_dir={out}", "--simulated_cpu_devices_count=1"]
+    for result in finish(start_processes(2, *flags, "--resume")):
+      self.assertEqual(result.returncode, 1, result.stderr[-2000:])
+      self.assertIn("--resume with several processes is not supported yet", result.stderr)
+    alone = harness.run_converter(*flags, "--num_processes=2", check=False)
+    self.assertEqual(alone.returncode, 1)
+    self.assertIn("error: --num_processes > 1 needs --coordinator_address", alone.stderr)
+    self.assertEqual(harness.committed_files(out), [])
+
+  def test_a_killed_process_ends_the_others_with_nothing_committed(self):
+    # About 0.8 GB in small blocks (a 256 KiB budget): several seconds of writing to interrupt.
+    config = synthetic_checkpoint.qwen3_moe_config(hidden=1024, layers=4, experts=64, moe_dim=512, heads=8,
+                                                   kv_heads=2, head_dim=64, vocab=4096)
+    model = harness.scratch_dir("multiprocess-kill-")
+    synthetic_checkpoint.write_checkpoint(model, config, list(synthetic_checkpoint.qwen3_moe_shapes(config)))
+    out = os.path.join(harness.scratch_dir("multiprocess-"), "out")
+    children = start_processes(2, f"--hf_model_path={model}", f"--output_dir={out}",
+                               "--simulated_cpu_devices_count=1", "--max_inflight_bytes=262144")
+    deadline = time.monotonic() + _STARTUP_TIMEOUT_S
+    second_wrote = lambda: any(d.endswith(os.path.join("ocdbt.process_1", "d")) for d, _, _ in os.walk(out))
+    while time.monotonic() < deadline and all(c.poll() is None for c in children) and not second_wrote():
+      time.sleep(0.01)
+    self.assertTrue(all(c.poll() is None for c in children), "a process finished before the kill")
+    children[1].send_signal(signal.SIGKILL)
+    killed_at = time.monotonic()
+    survivor = finish(children[:1], timeout=300)[0]
+    ended_after = time.monotonic() - killed_at
+    finish(children[1:])
+    self.assertNotEqual(survivor.returncode, 0)
+    self.assertEqual(harness.committed_files(out), [])
+    print(f"the surviving process exited {ended_after:.1f} s after the other was killed")
+    self.assertLess(ended_after, 120)
+    # JAX's distributed client ends the process itself (SIGABRT) once the coordinator reports the dead peer.
+    self.assertIn("another task died", survivor.stderr)
+
+
+if __name__ == "__main__":
+  absltest.main()
