@@ -91,10 +91,8 @@ def convert_to_maxtext(
   if processes.is_primary:
     writer.prepare_output_dir(output_dir, overwrite, keep_unfinished=lazy)
   processes_lib.barrier("output prepared", processes)
-  if resume and processes.count > 1:
-    raise ConversionError(f"{output_dir}: --resume with several processes is not supported yet")
-  journaled = lazy and processes.count == 1
-  salvage, journal = resume_lib.prepare(output_dir, plan, resume=resume) if journaled else (None, None)
+  salvage, journal = (resume_lib.prepare(output_dir, plan, resume=resume, processes=processes) if lazy
+                      else (None, None))
   overrides = plan.runtime.config.overrides()
   metadata = conversion_record.build(plan, overrides)
   if progress is not None:
@@ -123,5 +121,8 @@ def convert_to_maxtext(
       resume_lib.park(output_dir, journal)
     raise
   if journal is not None:
-    resume_lib.finish(output_dir, journal)
+    journal.close()
+  processes_lib.barrier("committed", processes)  # The primary commits last; nobody reads the output before.
+  if journal is not None and processes.is_primary:
+    resume_lib.finish(output_dir)
   return ConversionResult(plan, items_path, overrides, len(salvage.blocks) if salvage else 0, written[0])

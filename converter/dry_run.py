@@ -33,7 +33,8 @@ def predicted_peak_bytes(plan: Plan, baseline_bytes: int, max_inflight_bytes: in
   return int(baseline_bytes + INFLIGHT_OVERHEAD * inflight)
 
 
-def describe(plan: Plan, *, baseline_bytes: int, max_inflight_bytes: int) -> str:
+def describe(plan: Plan, *, baseline_bytes: int, max_inflight_bytes: int, shares: list[int] | None = None) -> str:
+  """The plan as text; `shares`: the bytes each process would write (several processes)."""
   quantized = plan.source.quant_method
   if plan.fp8:
     reading = (f"; {quantized} kernels kept as {plan.fp8.weight_dtype} with their scales"
@@ -60,5 +61,7 @@ def describe(plan: Plan, *, baseline_bytes: int, max_inflight_bytes: int) -> str
       f"predicted peak RSS: {_human(predicted_peak_bytes(plan, baseline_bytes, max_inflight_bytes))}"
       f" (budget {_human(max_inflight_bytes)})",
   ]
+  for index, nbytes in enumerate(shares or []) if shares and len(shares) > 1 else ():
+    lines.append(f"process {index} writes: {nbytes:,} bytes ({nbytes / max(1, plan.total_bytes):.1%})")
   lines += [f"warning: {w}" for w in plan.warnings]
   return "\n".join(lines)

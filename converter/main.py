@@ -151,7 +151,8 @@ def run() -> None:
       raise app.UsageError(f"{', '.join(ignored)} apply to --direction=to_maxtext only")
     _run_to_huggingface()
   elif FLAGS.dry_run:
-    _start_jax(FLAGS.simulated_cpu_devices_count)
+    # Several processes' devices simulated in this one, so that the shares come out as the real run's.
+    _start_jax(FLAGS.simulated_cpu_devices_count * FLAGS.num_processes)
     _dry_run()
   else:
     _start_jax(FLAGS.simulated_cpu_devices_count, distributed=True)
@@ -194,8 +195,8 @@ def _run_to_maxtext() -> None:
     print(f"warning:       {warning}")
   print(f"MaxText:       load_parameters_path={result.items_path} "
         + " ".join(f"{k}={json.dumps(v, separators=(',', ':'))}" for k, v in result.overrides.items()))
-  if FLAGS.verify and shares.is_primary:
-    _verify(plan, result.items_path)
+  if FLAGS.verify:
+    _verify(plan, result.items_path, shares)
 
 
 def _convert_to_maxtext(output_dir: str, progress, cancel: threading.Event):
@@ -272,21 +273,30 @@ def _dry_run() -> None:
       target_model=FLAGS.target_model, target_vocab_size=FLAGS.target_vocab_size,
       allow_unused_tensors=FLAGS.allow_unused_tensors, keep_fp8=FLAGS.keep_fp8,
   )
+  shares = None
+  if FLAGS.num_processes > 1:
+    import jax  # pylint: disable=g-import-not-at-top
+    from handlers import LazyTensor  # pylint: disable=g-import-not-at-top
+    from handlers.streaming import share_bytes  # pylint: disable=g-import-not-at-top
+
+    tree = writer.leaf_values(plan, lazy=True, devices=len(jax.devices()))
+    values = [v for v in jax.tree.leaves(tree) if isinstance(v, LazyTensor)]
+    shares = share_bytes(values, FLAGS.max_inflight_bytes, FLAGS.num_processes)
   print(dry_run.describe(plan, baseline_bytes=psutil.Process().memory_info().rss,
-                         max_inflight_bytes=FLAGS.max_inflight_bytes))
+                         max_inflight_bytes=FLAGS.max_inflight_bytes, shares=shares))
   existing = writer.step_dir(_resolve(FLAGS.output_dir))
   if storage.exists(existing) and not FLAGS.overwrite:
     print(f"warning: {existing} already holds a checkpoint; the conversion will refuse it without --overwrite")
 
 
-def _verify(plan, items_path: str) -> None:
+def _verify(plan, items_path: str, processes) -> None:
   from converter.errors import ConversionError  # pylint: disable=g-import-not-at-top
   from converter.progress import Progress  # pylint: disable=g-import-not-at-top
   from converter.verify import verify_checkpoint  # pylint: disable=g-import-not-at-top
 
   progress = Progress(enabled=FLAGS.progress, description="verifying")
   progress.start(plan.total_bytes)
-  report = verify_checkpoint(plan, items_path, on_block=progress.advance)
+  report = verify_checkpoint(plan, items_path, on_block=progress.advance, processes=processes)
   progress.close()
   print(f"verified:      {report.leaves} leaves, {report.blocks} blocks, {report.bytes:,} bytes,"
         f" {len(report.mismatches)} mismatches")

@@ -34,11 +34,13 @@ from absl import logging
 from converter import orbax_layout, storage
 from converter.errors import ConversionError
 from converter.plan import Plan, source_tensors
-from handlers import BlockWritten
+from converter import processes as processes_lib
+from handlers import BlockWritten, Processes
 
 RESUME_DIR = f"{orbax_layout.STEP}.hf2maxtext-resume"
 _FSYNC_INTERVAL_S = 0.5
-_JOURNAL = re.compile(r"gen-(\d+)\.journal(\.\d+)?$")
+# gen-N.journal (one process), gen-N.process-I.journal (process I of several); .NNNNNN parts in buckets.
+_JOURNAL = re.compile(r"gen-(\d+)(?:\.process-(\d+))?\.journal(\.\d+)?$")
 
 
 def resume_dir(output_dir: str) -> str:
@@ -131,14 +133,17 @@ class Journal:
 Block = tuple[tuple[int, ...], tuple[int, ...]]  # (start, stop) of a region.
 
 
-def _journals(directory: str) -> dict[int, list[str]]:
-  """Each generation's journal file (local) or parts (bucket), by generation."""
-  found: dict[int, list[str]] = {}
+def _journals(directory: str) -> dict[int, dict[int, list[str]]]:
+  """Each generation's journal files (local) or parts (bucket), by generation, then by the process that wrote
+  them (the blocks are in that process's OCDBT database)."""
+  found: dict[int, dict[int, list[str]]] = {}
   for name in storage.list_names(directory):
     match = _JOURNAL.match(name)
     if match:
-      found.setdefault(int(match.group(1)), []).append(storage.join(directory, name))
-  return {generation: sorted(paths) for generation, paths in sorted(found.items())}
+      process = int(match.group(2) or 0)
+      found.setdefault(int(match.group(1)), {}).setdefault(process, []).append(storage.join(directory, name))
+  return {generation: {p: sorted(paths) for p, paths in sorted(by_process.items())}
+          for generation, by_process in sorted(found.items())}
 
 
 def _load_journal(paths: list[str]) -> list[tuple[str, Block]]:
@@ -153,41 +158,70 @@ def _load_journal(paths: list[str]) -> list[tuple[str, Block]]:
   return entries
 
 
-def _data_root(generation_dir: str) -> str | None:
-  """Where the generation's arrays live: its per-process OCDBT database (never merged: it never finished)."""
+def _data_root(generation_dir: str, process: int) -> str | None:
+  """Where process `process` of the generation wrote its arrays: its own OCDBT database (never merged: the save
+  never finished)."""
   for name in storage.list_names(generation_dir):
     if name.startswith(orbax_layout.ITEMS):
-      root = orbax_layout.process_database(storage.join(generation_dir, name))
+      root = orbax_layout.process_database(storage.join(generation_dir, name), process)
       if storage.exists(root):
         return root
   return None
 
 
 @dataclasses.dataclass(frozen=True)
+class Salvaged:
+  """Where a salvaged block lies: an OCDBT database, and the one holding the arrays' metadata (the primary
+  process's: with several processes only it creates the arrays)."""
+
+  root: str
+  metadata_root: str
+
+
+@dataclasses.dataclass(frozen=True)
 class Salvage:
-  """Blocks already written by earlier attempts: (array name, block) -> that generation's OCDBT root."""
+  """Blocks already written by earlier attempts: (array name, block) -> where they lie."""
 
-  blocks: dict[tuple[str, Block], str]
+  blocks: dict[tuple[str, Block], Salvaged]
 
-  def for_array(self, array_name: str) -> dict[Block, str]:
-    return {block: root for (name, block), root in self.blocks.items() if name == array_name}
+  def for_array(self, array_name: str) -> dict[Block, Salvaged]:
+    return {block: where for (name, block), where in self.blocks.items() if name == array_name}
 
 
-def prepare(output_dir: str, plan: Plan, *, resume: bool) -> tuple[Salvage, Journal]:
-  """Sets up this attempt's journal; with `resume`, collects what earlier attempts wrote."""
+def journal_path(output_dir: str, generation: int, processes: Processes) -> str:
+  process = "" if processes.count == 1 else f".process-{processes.index}"
+  return storage.join(resume_dir(output_dir), f"gen-{generation}{process}.journal")
+
+
+def prepare(output_dir: str, plan: Plan, *, resume: bool,
+            processes: Processes = Processes()) -> tuple[Salvage, Journal]:
+  """Sets up this attempt's journal; with `resume`, collects what earlier attempts wrote.
+
+  With several processes every process checks the fingerprint and reads every journal (each may salvage blocks
+  any process wrote), but only the primary moves and deletes, before a barrier.
+  """
   directory = resume_dir(output_dir)
-  stale = orbax_layout.unfinished_paths(output_dir)
   current = fingerprint(plan)
   fingerprint_path = storage.join(directory, "fingerprint.json")
-  salvage: dict[tuple[str, Block], str] = {}
-  generation = 0
-  if resume and storage.is_file(fingerprint_path):
-    previous = json.loads(storage.read_text(fingerprint_path))
-    if previous != current:
-      raise ConversionError(
-          f"{directory}: cannot resume: the inputs or the plan changed since the interrupted run"
-          " (different files, sizes, modification times, flags or target); rerun without --resume"
-      )
+  resuming = resume and storage.is_file(fingerprint_path)
+  if resuming and json.loads(storage.read_text(fingerprint_path)) != current:
+    raise ConversionError(
+        f"{directory}: cannot resume: the inputs or the plan changed since the interrupted run"
+        " (different files, sizes, modification times, flags or target); rerun without --resume"
+    )
+  if processes.is_primary:
+    _prepare_directory(output_dir, current, resuming=resuming, warn=resume and not resuming)
+  processes_lib.barrier("resume directory prepared", processes)
+  salvage, generation = _salvage(directory) if resuming else ({}, 0)
+  return Salvage(salvage), Journal(journal_path(output_dir, generation, processes))
+
+
+def _prepare_directory(output_dir: str, current: dict[str, Any], *, resuming: bool, warn: bool) -> None:
+  """Resuming: parks the dead run's unfinished step as the generation its journals name and deletes the
+  generations nothing refers to; otherwise starts an empty resume directory with the fingerprint."""
+  directory = resume_dir(output_dir)
+  stale = orbax_layout.unfinished_paths(output_dir)
+  if resuming:
     journals = _journals(directory)
     if journals and stale:
       parked = storage.join(directory, f"gen-{max(journals)}")
@@ -199,27 +233,38 @@ def prepare(output_dir: str, plan: Plan, *, resume: bool) -> tuple[Salvage, Jour
         storage.move(stale[0], parked)
     for leftover in stale[1:]:
       storage.remove_tree(leftover)
-    roots = {}
-    for number, paths in journals.items():
-      root = _data_root(storage.join(directory, f"gen-{number}"))
-      if root is not None:
-        roots[number] = root
-        for key in _load_journal(paths):
-          salvage[key] = root  # Newer generations override older ones.
-    generation = max(journals) + 1 if journals else 0
-    referenced = set(salvage.values())
-    for number in journals:
-      if roots.get(number) not in referenced:
-        storage.remove_tree(storage.join(directory, f"gen-{number}"))
-  else:
-    if resume:
-      logging.warning("%s has nothing to resume; converting from the start", directory)
-    storage.remove_tree(directory)
-    for path in stale:
-      storage.remove_tree(path)
-    storage.make_dirs(directory)
-    storage.write_text(fingerprint_path, json.dumps(current))
-  return Salvage(salvage), Journal(storage.join(directory, f"gen-{generation}.journal"))
+    salvage, _ = _salvage(directory)
+    referenced = {where.root for where in salvage.values()}
+    for number, by_process in journals.items():
+      generation_dir = storage.join(directory, f"gen-{number}")
+      if not any(_data_root(generation_dir, p) in referenced for p in by_process):
+        storage.remove_tree(generation_dir)
+    return
+  if warn:
+    logging.warning("%s has nothing to resume; converting from the start", directory)
+  storage.remove_tree(directory)
+  for path in stale:
+    storage.remove_tree(path)
+  storage.make_dirs(directory)
+  storage.write_text(storage.join(directory, "fingerprint.json"), json.dumps(current))
+
+
+def _salvage(directory: str) -> tuple[dict[tuple[str, Block], Salvaged], int]:
+  """Every journaled block and where it lies (newer generations override older ones); the next generation."""
+  journals = _journals(directory)
+  salvage: dict[tuple[str, Block], Salvaged] = {}
+  for number, by_process in journals.items():
+    generation_dir = storage.join(directory, f"gen-{number}")
+    metadata_root = _data_root(generation_dir, 0)
+    if metadata_root is None:
+      continue
+    for process, paths in by_process.items():
+      root = _data_root(generation_dir, process)
+      if root is None:
+        continue
+      for key in _load_journal(paths):
+        salvage[key] = Salvaged(root, metadata_root)
+  return salvage, (max(journals) + 1 if journals else 0)
 
 
 def with_salvage(plan: Plan, salvage: Salvage) -> Plan:
@@ -252,14 +297,16 @@ def park(output_dir: str, journal: Journal) -> bool:
     stale = orbax_layout.unfinished_paths(output_dir)
     if not stale:
       return False
+    if _JOURNAL.match(storage.basename(journal.path)).group(2) is not None:
+      return True  # Several processes: others may still be writing there; --resume's primary parks it.
     storage.move(stale[0], storage.join(resume_dir(output_dir), storage.basename(journal.path)[: -len(".journal")]))
   except ConversionError as e:
     logging.warning("%s: what was written stays where it is for --resume (%s)", output_dir, e)
   return True
 
 
-def finish(output_dir: str, journal: Journal) -> None:
-  journal.close()
+def finish(output_dir: str) -> None:
+  """After the commit (and every process's last salvaged read): nothing is left to resume."""
   storage.remove_tree(resume_dir(output_dir))
 
 
@@ -267,14 +314,19 @@ _stores: dict[tuple[str, str], Any] = {}
 _stores_lock = threading.Lock()
 
 
-def _open_salvaged(root: str, array_name: str) -> Any:
-  key = (root, array_name)
+def _open_salvaged(where: Salvaged, array_name: str) -> Any:
+  key = (where.root, array_name)
   with _stores_lock:
     if key not in _stores:
-      spec = {"driver": "zarr3", "kvstore": {"driver": "ocdbt", "base": f"{orbax_layout.kvstore_base(root)}/",
-                                             "path": f"{array_name}/"}}
-      _stores[key] = ts.open(spec, open=True, read=True,
-                             context=ts.Context(storage.tensorstore_resources())).result()
+      context = ts.Context(storage.tensorstore_resources())
+      spec = lambda root: {"driver": "zarr3", "kvstore": {
+          "driver": "ocdbt", "base": f"{orbax_layout.kvstore_base(root)}/", "path": f"{array_name}/"}}
+      if where.root == where.metadata_root:
+        _stores[key] = ts.open(spec(where.root), open=True, read=True, context=context).result()
+      else:  # Only the primary's database holds the array's metadata.
+        metadata = ts.open(spec(where.metadata_root), open=True, read=True, context=context).result().spec()
+        _stores[key] = ts.open(dict(spec(where.root), metadata=metadata.to_json()["metadata"]), open=True,
+                               read=True, assume_metadata=True, context=context).result()
     return _stores[key]
 
 
@@ -288,7 +340,7 @@ class SalvagingLoader:
 
   inner: Any
   array_name: str
-  salvaged: dict[Block, str]
+  salvaged: dict[Block, Salvaged]
 
   @property
   def block_shape(self) -> tuple[int, ...]:
@@ -298,10 +350,10 @@ class SalvagingLoader:
     return self.inner()
 
   def region(self, index: tuple[slice, ...]) -> np.ndarray:
-    root = self.salvaged.get((tuple(s.start for s in index), tuple(s.stop for s in index)))
-    if root is not None:
+    where = self.salvaged.get((tuple(s.start for s in index), tuple(s.stop for s in index)))
+    if where is not None:
       try:
-        return np.asarray(_open_salvaged(root, self.array_name)[index].read().result())
+        return np.asarray(_open_salvaged(where, self.array_name)[index].read().result())
       except Exception:  # A block the journal lists but the database lost: recompute it.
         pass
     return self.inner.region(index)

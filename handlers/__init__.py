@@ -17,6 +17,7 @@ from handlers.leaf_handler import (
     ShardedLazyTensorLeafHandler,
     add_lazy_tensor_leaf_handler,
 )
+from handlers import shares
 from handlers.registry import ITEMS, build_lazy_tensor_checkpointables_registry, lazy_tensor_context
 from handlers.storage_context import add_tensorstore_resources
 from handlers.tree_handler import LazyTensorPyTreeHandler, unhandled_leaves
@@ -27,6 +28,7 @@ register_v0_type_handler()
 
 __all__ = [
     "add_tensorstore_resources",
+    "shares",
     "BlockWritten",
     "DEFAULT_MAX_INFLIGHT_BYTES",
     "ITEMS",

@@ -119,6 +119,25 @@ async def _open(
   return store, spec.metadata
 
 
+def _blocks(values: Sequence[LazyTensor], max_inflight_bytes: int):
+  """Each value's write block shape and block indices, and every block's bytes, in write order."""
+  # Several blocks in flight keep both cores and the disk busy; a small budget makes small blocks.
+  blocks = [write_block_shape(lazy, min(TARGET_BLOCK_BYTES, max_inflight_bytes // 4)) for lazy in values]
+  indices = [list(block_indices(lazy.shape, block)) for lazy, block in zip(values, blocks)]
+  sizes = [math.prod(s.stop - s.start for s in index) * lazy.itemsize
+           for lazy, leaf_indices in zip(values, indices) for index in leaf_indices]
+  return blocks, indices, sizes
+
+
+def share_bytes(values: Sequence[LazyTensor], max_inflight_bytes: int, count: int) -> list[int]:
+  """The bytes each of `count` processes writes when `values` are saved together (what --dry_run shows)."""
+  _, _, sizes = _blocks(values, max_inflight_bytes)
+  totals = [0] * count
+  for nbytes, owner in zip(sizes, shares.owners(sizes, count)):
+    totals[owner] += nbytes
+  return totals
+
+
 async def write_lazy_tensors(
     values: Sequence[LazyTensor], infos: Sequence[Any], args: Sequence[Any], *, options: WriteOptions,
     metadata_key: str | None = None,
@@ -138,11 +157,7 @@ async def write_lazy_tensors(
     if not task.cancelled() and task.exception() is not None:
       errors.append(task.exception())
 
-  # Several blocks in flight keep both cores and the disk busy; a small budget makes small blocks.
-  blocks = [write_block_shape(lazy, min(TARGET_BLOCK_BYTES, options.max_inflight_bytes // 4)) for lazy in values]
-  indices = [list(block_indices(lazy.shape, block)) for lazy, block in zip(values, blocks)]
-  sizes = [math.prod(s.stop - s.start for s in index) * lazy.itemsize
-           for lazy, leaf_indices in zip(values, indices) for index in leaf_indices]
+  blocks, indices, sizes = _blocks(values, options.max_inflight_bytes)
   owner = iter(shares.owners(sizes, options.processes.count))
   metadatas = []
   try:

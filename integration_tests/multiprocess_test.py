@@ -18,7 +18,7 @@ from integration_tests import harness
 
 harness.start_jax()
 
-from tools import checkpoint_io, synthetic_checkpoint  # pylint: disable=g-import-not-at-top
+from tools import checkpoint_io, gcs_emulator, synthetic_checkpoint  # pylint: disable=g-import-not-at-top
 
 _STARTUP_TIMEOUT_S = 300
 
@@ -78,7 +78,7 @@ class MultiProcessTest(parameterized.TestCase):
     flags = [f"--hf_model_path={self.models[model]}", f"--scan_layers={scan}", "--simulated_cpu_devices_count=1",
              "--max_inflight_bytes=1048576"]
     out = os.path.join(harness.scratch_dir("multiprocess-"), "out")
-    results = finish(start_processes(processes, *flags, f"--output_dir={out}"))
+    results = finish(start_processes(processes, *flags, f"--output_dir={out}", "--verify"))
     for i, result in enumerate(results):
       self.assertEqual(result.returncode, 0, f"process {i}:\n{result.stderr[-3000:]}")
     reference = os.path.join(harness.scratch_dir("multiprocess-ref-"), "out")
@@ -94,32 +94,61 @@ class MultiProcessTest(parameterized.TestCase):
     written = [int(re.search(r"wrote ([\d,]+) bytes", r.stdout).group(1).replace(",", "")) for r in results]
     total = int(re.search(r"bytes:\s+([\d,]+)", results[0].stdout).group(1).replace(",", ""))
     self.assertEqual(sum(written), total)
+    verified = [re.search(r"verified:.* ([\d,]+) bytes, (\d+) mismatches", r.stdout).groups() for r in results]
+    self.assertEqual(sum(int(b.replace(",", "")) for b, _ in verified), total)  # Each its share, together all.
+    self.assertEqual({m for _, m in verified}, {"0"})
+    dry = harness.run_converter(*flags, f"--output_dir={out}-dry", f"--num_processes={processes}", "--dry_run")
+    self.assertEqual([int(n.replace(",", "")) for n in re.findall(r"process \d+ writes: ([\d,]+) bytes", dry.stdout)],
+                     written)
     for share in written:  # Blocks are at most 256 KiB here (a quarter of the budget).
       self.assertLess(abs(share - total / processes), 300_000, written)
     self.assertEqual(sorted(os.listdir(os.path.join(out, "0", "items"))).count("ocdbt.process_0"), 1)
     self.assertLen([n for n in os.listdir(os.path.join(out, "0", "items")) if n.startswith("ocdbt.process_")],
                    processes)
 
-  def test_what_several_processes_cannot_do_yet_is_refused(self):
+  def test_two_processes_into_a_bucket(self):
+    flags = [f"--hf_model_path={self.models['moe']}", "--simulated_cpu_devices_count=1", "--max_inflight_bytes=1048576"]
+    with gcs_emulator.GcsEmulator() as gcs:
+      gcs.create_bucket("ckpts")
+      previous = os.environ.get("STORAGE_EMULATOR_HOST")
+      os.environ.update(gcs.env)
+      try:
+        results = finish(start_processes(2, *flags, "--output_dir=gs://ckpts/mp", "--verify"))
+      finally:
+        os.environ.pop("STORAGE_EMULATOR_HOST")
+        if previous is not None:
+          os.environ["STORAGE_EMULATOR_HOST"] = previous
+      for i, result in enumerate(results):
+        self.assertEqual(result.returncode, 0, f"process {i}:\n{result.stderr[-3000:]}")
+        self.assertIn(", 0 mismatches", result.stdout)
+      self.assertIn("mp/0/commit_success.txt", gcs.object_names("ckpts", "mp/"))
+      copy = os.path.join(harness.scratch_dir("multiprocess-copy-"), "out")
+      gcs.download_dir("ckpts", "mp", copy)
+    reference = os.path.join(harness.scratch_dir("multiprocess-ref-"), "out")
+    harness.run_converter(*flags[:-2], "--simulated_cpu_devices_count=2", "--max_inflight_bytes=1048576",
+                          f"--output_dir={reference}", "--noprogress")
+    self.assertEqual(checkpoint_io.trees_bit_identical(checkpoint_io.restore_v0(os.path.join(copy, "0", "items")),
+                                                       checkpoint_io.restore_v0(os.path.join(reference, "0", "items"))),
+                     [])
+
+  def test_several_processes_need_a_coordinator(self):
     out = os.path.join(harness.scratch_dir("multiprocess-"), "out")
     flags = [f"--hf_model_path={self.models['dense']}", f"--output_dir={out}", "--simulated_cpu_devices_count=1"]
-    for result in finish(start_processes(2, *flags, "--resume")):
-      self.assertEqual(result.returncode, 1, result.stderr[-2000:])
-      self.assertIn("--resume with several processes is not supported yet", result.stderr)
     alone = harness.run_converter(*flags, "--num_processes=2", check=False)
     self.assertEqual(alone.returncode, 1)
     self.assertIn("error: --num_processes > 1 needs --coordinator_address", alone.stderr)
     self.assertEqual(harness.committed_files(out), [])
 
-  def test_a_killed_process_ends_the_others_with_nothing_committed(self):
+  def test_a_killed_process_ends_the_others_and_resume_finishes_identically(self):
     # About 0.8 GB in small blocks (a 256 KiB budget): several seconds of writing to interrupt.
     config = synthetic_checkpoint.qwen3_moe_config(hidden=1024, layers=4, experts=64, moe_dim=512, heads=8,
                                                    kv_heads=2, head_dim=64, vocab=4096)
     model = harness.scratch_dir("multiprocess-kill-")
     synthetic_checkpoint.write_checkpoint(model, config, list(synthetic_checkpoint.qwen3_moe_shapes(config)))
     out = os.path.join(harness.scratch_dir("multiprocess-"), "out")
-    children = start_processes(2, f"--hf_model_path={model}", f"--output_dir={out}",
-                               "--simulated_cpu_devices_count=1", "--max_inflight_bytes=262144")
+    flags = [f"--hf_model_path={model}", f"--output_dir={out}", "--simulated_cpu_devices_count=1",
+             "--max_inflight_bytes=262144"]
+    children = start_processes(2, *flags)
     deadline = time.monotonic() + _STARTUP_TIMEOUT_S
     second_wrote = lambda: any(d.endswith(os.path.join("ocdbt.process_1", "d")) for d, _, _ in os.walk(out))
     while time.monotonic() < deadline and all(c.poll() is None for c in children) and not second_wrote():
@@ -136,6 +165,20 @@ class MultiProcessTest(parameterized.TestCase):
     self.assertLess(ended_after, 120)
     # JAX's distributed client ends the process itself (SIGABRT) once the coordinator reports the dead peer.
     self.assertIn("another task died", survivor.stderr)
+
+    resumed = finish(start_processes(2, *flags, "--resume", "--verify"))
+    for i, result in enumerate(resumed):
+      self.assertEqual(result.returncode, 0, f"process {i}:\n{result.stderr[-3000:]}")
+      self.assertIn(", 0 mismatches", result.stdout)
+    reused = [int(re.search(r"resumed:\s+(\d+) blocks", r.stdout).group(1)) for r in resumed]
+    self.assertGreater(sum(reused), 0)
+    self.assertFalse(os.path.exists(os.path.join(out, "0.hf2maxtext-resume")))
+    reference = os.path.join(harness.scratch_dir("multiprocess-ref-"), "out")
+    harness.run_converter(f"--hf_model_path={model}", f"--output_dir={reference}", "--simulated_cpu_devices_count=2",
+                          "--max_inflight_bytes=262144", "--noprogress")
+    self.assertEqual(checkpoint_io.trees_bit_identical(checkpoint_io.restore_v0(os.path.join(out, "0", "items")),
+                                                       checkpoint_io.restore_v0(os.path.join(reference, "0", "items"))),
+                     [])
 
 
 if __name__ == "__main__":
