@@ -110,12 +110,12 @@ def _peak_rss_bytes() -> int:
 
 
 def _run_to_huggingface() -> None:
-  _start_jax(1)  # Nothing is placed on devices: arrays are read slice by slice into numpy.
+  _start_jax(1, distributed=True)  # Nothing is placed on devices: arrays are read slice by slice into numpy.
   from converter import to_huggingface  # pylint: disable=g-import-not-at-top
 
   start = time.monotonic()
   output_dir = _resolve(FLAGS.output_dir)
-  with _output_locked(output_dir):
+  with _output_locked(output_dir) if _is_primary() else contextlib.nullcontext():
     result = to_huggingface.convert_to_huggingface(
         _resolve(FLAGS.checkpoint_path),
         output_dir,
@@ -124,6 +124,7 @@ def _run_to_huggingface() -> None:
         overwrite=FLAGS.overwrite,
         hf_config_path=_resolve(FLAGS.hf_config_path) if FLAGS.hf_config_path else None,
         target_model=FLAGS.target_model,
+        processes=_processes(),
     )
   seconds = time.monotonic() - start
   plan = result.plan
@@ -135,13 +136,17 @@ def _run_to_huggingface() -> None:
   print(f"seconds:       {seconds:.2f}")
   print(f"peak RSS:      {_peak_rss_bytes() / 2**20:.0f} MiB")
   print(f"output:        {result.output_dir}")
+  shares = _processes()
+  if shares.count > 1:
+    print(f"process:       {shares.index} of {shares.count}, wrote {len(result.written_files)} of"
+          f" {len(result.files)} shards")
   for warning in plan.warnings:
     print(f"warning:       {warning}")
 
 
 _TO_MAXTEXT_ONLY = ("scan_layers", "lazy_load_tensors", "simulated_cpu_devices_count", "save_dtype",
                     "target_vocab_size", "allow_unused_tensors", "max_inflight_bytes", "dry_run", "verify", "resume",
-                    "keep_fp8", "revision", "num_processes", "process_id", "coordinator_address", "distributed")
+                    "keep_fp8", "revision")
 
 
 def run() -> None:

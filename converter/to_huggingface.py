@@ -28,8 +28,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from absl import logging
 
+from converter import processes as processes_lib
 from converter import storage
 from converter.errors import ConversionError
+from handlers import Processes, shares
 from converter.reverse_plan import HfPart, HfTensor, ReversePlan, items_path_of, plan_to_huggingface
 from converter.safetensors_output import (INDEX_FILE, SafetensorsStreamWriter, assign_shards, index_json, parse_size,
                                           shard_names)
@@ -47,6 +49,7 @@ class ToHuggingFaceResult:
   output_dir: str
   files: tuple[str, ...]  # Safetensors files, in order.
   total_bytes: int
+  written_files: tuple[str, ...] = ()  # The ones this process wrote (all of them for one process).
 
   @property
   def num_tensors(self) -> int:
@@ -99,10 +102,17 @@ def _piece(tensor: HfTensor, parts: tuple[HfPart, ...], leaves: _OpenLeaves) -> 
 
 
 def _write_shards(plan: ReversePlan, reader: CheckpointReader, directory: str, shards: list[list[HfTensor]],
-                  read_cache_bytes: int) -> list[str]:
+                  read_cache_bytes: int, processes: Processes) -> tuple[list[str], list[str]]:
+  """Writes this process's shards (all of them for one process; a byte-balanced run of them for several);
+  returns every shard's file name and those this process wrote."""
   names = shard_names(len(shards))
+  owners = shares.owners([sum(t.spec.nbytes for t in shard) for shard in shards], processes.count)
   leaves = _OpenLeaves(reader, read_cache_bytes)
-  for file_name, shard in zip(names, shards):
+  mine = []
+  for file_name, shard, owner in zip(names, shards, owners):
+    if owner != processes.index:
+      continue
+    mine.append(file_name)
     writer = SafetensorsStreamWriter(storage.join(directory, file_name), [t.spec for t in shard])
     try:
       for tensor in shard:
@@ -113,12 +123,18 @@ def _write_shards(plan: ReversePlan, reader: CheckpointReader, directory: str, s
       writer.abort()
       raise
     writer.close()
-  return names
+  return names, mine
 
 
-def _prepare_output(output_dir: str, overwrite: bool) -> str:
+def _staging_for(output_dir: str) -> str:
+  """The staging directory every process of a multi-process conversion writes into (named, not random)."""
+  return os.path.join(os.path.dirname(output_dir), f".{os.path.basename(output_dir)}.hf2maxtext-tmp-shared")
+
+
+def _prepare_output(output_dir: str, overwrite: bool, shared: bool = False) -> str:
   """Checks `output_dir` can be (re)placed and returns where to write: a fresh staging directory next to it
-  (local), or the bucket prefix itself, where config.json, written last, is what makes it a checkpoint."""
+  (local; `shared`: one of a fixed name, for several processes), or the bucket prefix itself, where config.json,
+  written last, is what makes it a checkpoint."""
   if storage.is_remote(output_dir):
     if storage.list_names(output_dir):
       if not overwrite:
@@ -134,7 +150,12 @@ def _prepare_output(output_dir: str, overwrite: bool) -> str:
   parent = os.path.dirname(output_dir)
   try:
     os.makedirs(parent, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(output_dir)}.hf2maxtext-tmp-", dir=parent)
+    if shared:
+      staging = _staging_for(output_dir)
+      shutil.rmtree(staging, ignore_errors=True)  # A dead run's; the output lock keeps live ones out.
+      os.makedirs(staging)
+    else:
+      staging = tempfile.mkdtemp(prefix=f".{os.path.basename(output_dir)}.hf2maxtext-tmp-", dir=parent)
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(staging, 0o777 & ~umask)  # mkdtemp makes it 0700; the published directory gets the usual mode.
@@ -171,8 +192,13 @@ def convert_to_huggingface(
     hf_config_path: str | None = None,
     target_model: str | None = None,
     read_cache_bytes: int = DEFAULT_READ_CACHE_BYTES,
+    processes: Processes = Processes(),
 ) -> ToHuggingFaceResult:
-  """Writes `checkpoint_path` (OUT/0/items) as an HF checkpoint directory `output_dir`; see the module docstring."""
+  """Writes `checkpoint_path` (OUT/0/items) as an HF checkpoint directory `output_dir`; see the module docstring.
+
+  With several `processes` each writes its share of the shards; the primary prepares the output first and writes
+  the index and config.json (which make it a checkpoint) once every process has finished.
+  """
   limit = parse_size(max_shard_size)
   output_dir = storage.resolve(output_dir)
   from converter.checkpoint_reader import CheckpointReader  # pylint: disable=g-import-not-at-top
@@ -183,21 +209,31 @@ def convert_to_huggingface(
                              reader=reader)
   for warning in plan.warnings:
     logging.warning("%s", warning)
-  staging = _prepare_output(output_dir, overwrite)
+  several = processes.count > 1
+  if processes.is_primary:
+    staging = _prepare_output(output_dir, overwrite, shared=several)
+  processes_lib.barrier("output prepared", processes)
+  if not processes.is_primary:
+    staging = output_dir if storage.is_remote(output_dir) else _staging_for(output_dir)
   try:
     shards = [[plan.tensors[i] for i in shard] for shard in assign_shards([t.spec for t in plan.tensors], limit)]
-    names = _write_shards(plan, reader, staging, shards, read_cache_bytes)
-    if len(names) > 1:
-      index = index_json([t.spec for t in plan.tensors],
-                         {t.name: name for name, shard in zip(names, shards) for t in shard})
-      storage.write_text(storage.join(staging, INDEX_FILE), json.dumps(index, indent=2) + "\n")
-    storage.write_text(storage.join(staging, "config.json"),
-                       json.dumps(written_config(plan), indent=2, sort_keys=True) + "\n")
-    _publish(staging, output_dir)
+    names, mine = _write_shards(plan, reader, staging, shards, read_cache_bytes, processes)
+    processes_lib.barrier("shards written", processes)
+    if processes.is_primary:
+      if len(names) > 1:
+        index = index_json([t.spec for t in plan.tensors],
+                           {t.name: name for name, shard in zip(names, shards) for t in shard})
+        storage.write_text(storage.join(staging, INDEX_FILE), json.dumps(index, indent=2) + "\n")
+      storage.write_text(storage.join(staging, "config.json"),
+                         json.dumps(written_config(plan), indent=2, sort_keys=True) + "\n")
+      _publish(staging, output_dir)
   except OSError as e:
-    storage.remove_tree(staging)
+    if processes.is_primary:
+      storage.remove_tree(staging)
     raise ConversionError(f"{output_dir}: writing the HF checkpoint failed: {e}") from e
   except BaseException:
-    storage.remove_tree(staging)
+    if processes.is_primary:
+      storage.remove_tree(staging)
     raise
-  return ToHuggingFaceResult(plan, output_dir, tuple(names), plan.total_bytes)
+  processes_lib.barrier("published", processes)
+  return ToHuggingFaceResult(plan, output_dir, tuple(names), plan.total_bytes, tuple(mine))

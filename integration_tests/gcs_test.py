@@ -175,7 +175,8 @@ class GcsOutageTest(absltest.TestCase):
       self.assertLess(failed_after, 300)
       print(f"conversion failed {failed_after:.1f} s after the server stopped (--storage_retries=3)")
 
-      gcs.start()
+      gcs.start()  # The same buckets, on a new port.
+      env.update(gcs.env)
       names = gcs.object_names("ckpts", "out/")
       self.assertNotIn("out/0/commit_success.txt", names)
       self.assertTrue([n for n in names if ".journal." in n], names)

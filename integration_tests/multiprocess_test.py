@@ -106,6 +106,28 @@ class MultiProcessTest(parameterized.TestCase):
     self.assertLen([n for n in os.listdir(os.path.join(out, "0", "items")) if n.startswith("ocdbt.process_")],
                    processes)
 
+  @parameterized.parameters(2, 4)
+  def test_reverse_direction_shares_the_shards(self, processes):
+    items = os.path.join(harness.scratch_dir("multiprocess-items-"), "out")
+    harness.run_converter(f"--hf_model_path={self.models['moe']}", f"--output_dir={items}",
+                          "--simulated_cpu_devices_count=1", "--noprogress")
+    flags = ["--direction=to_huggingface", f"--checkpoint_path={items}/0/items", "--max_shard_size=1MB"]
+    back = os.path.join(harness.scratch_dir("multiprocess-back-"), "hf")
+    results = finish(start_processes(processes, *flags, f"--output_dir={back}"))
+    for i, result in enumerate(results):
+      self.assertEqual(result.returncode, 0, f"process {i}:\n{result.stderr[-3000:]}")
+    wrote = [int(re.search(r"wrote (\d+) of (\d+) shards", r.stdout).group(1)) for r in results]
+    shards = int(re.search(r"wrote \d+ of (\d+) shards", results[0].stdout).group(1))
+    self.assertEqual(sum(wrote), shards)
+    self.assertTrue(all(w > 0 for w in wrote), wrote)
+    single = os.path.join(harness.scratch_dir("multiprocess-back-"), "hf")
+    harness.run_converter(*flags, f"--output_dir={single}", "--noprogress")
+    self.assertEqual(sorted(os.listdir(back)), sorted(os.listdir(single)))
+    for name in os.listdir(single):
+      with open(os.path.join(back, name), "rb") as a, open(os.path.join(single, name), "rb") as b:
+        self.assertEqual(a.read(), b.read(), name)
+    self.assertEqual([n for n in os.listdir(os.path.dirname(back)) if "hf2maxtext" in n], [])
+
   def test_two_processes_into_a_bucket(self):
     flags = [f"--hf_model_path={self.models['moe']}", "--simulated_cpu_devices_count=1", "--max_inflight_bytes=1048576"]
     with gcs_emulator.GcsEmulator() as gcs:

@@ -39,6 +39,7 @@ class GcsEmulator:
     self.root = root or tempfile.mkdtemp(prefix="gcs-", dir=os.environ.get("TEST_TMPDIR"))
     self.port = _free_port()
     self._process: subprocess.Popen | None = None
+    self._started_once = False
 
   @property
   def url(self) -> str:
@@ -49,6 +50,11 @@ class GcsEmulator:
     return {"STORAGE_EMULATOR_HOST": self.url}
 
   def start(self) -> None:
+    """Starts the server (again, after `stop`, with the same buckets) on a fresh port: reusing the old one would
+    race with anything else on the machine picking a free port meanwhile."""
+    if self._started_once:
+      self.port = _free_port()
+    self._started_once = True
     os.makedirs(self.root, exist_ok=True)
     log = open(os.path.join(self.root, "server.log"), "ab")  # pylint: disable=consider-using-with
     self._process = subprocess.Popen(
@@ -63,9 +69,13 @@ class GcsEmulator:
         raise RuntimeError(f"fake-gcs-server exited with {self._process.returncode}; see {self.root}/server.log")
       try:
         with urllib.request.urlopen(f"{self.url}/storage/v1/b", timeout=2):
-          return
+          pass
       except (urllib.error.URLError, ConnectionError, OSError):
         time.sleep(0.1)
+        continue
+      time.sleep(0.2)
+      if self._process.poll() is None:  # It answered, and it is ours (not another server on a reused port).
+        return
     self.stop()
     raise RuntimeError(f"fake-gcs-server did not answer on {self.url} within {_START_TIMEOUT_S:.0f} s")
 
