@@ -24,6 +24,7 @@ import dataclasses
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -54,6 +55,8 @@ flags.DEFINE_integer("seq_len", 32, "Token-id sequence length: longer than the t
                      " GPT-OSS 4), Llama 4's attention chunk (4) and DeepSeek V3.2's indexer top-k (4), so that"
                      " all of them take effect.")
 flags.DEFINE_integer("seed", 0, "Seed for the tiny models and the token ids.")
+flags.DEFINE_list("multiprocess_families", ["qwen3", "qwen3_moe"], "Tiny models also converted by two processes"
+                  " (--num_processes=2 on 127.0.0.1, scan on) and loaded by MaxText the same way.")
 flags.DEFINE_integer("jobs", 2, "Cases (convert + MaxText forward) run at once.")
 flags.DEFINE_integer("case_timeout_s", 600, "Timeout for each subprocess.")
 flags.DEFINE_string("work_dir", None, "Where models, checkpoints and logs go (default: a temporary directory).")
@@ -76,6 +79,7 @@ class Case:
   argmax: float = float("nan")
   error: str = ""
   seconds: float = 0.0
+  processes: int = 1
 
   @property
   def passed(self) -> bool:
@@ -83,7 +87,7 @@ class Case:
 
   @property
   def name(self) -> str:
-    return f"{self.model} scan={'on' if self.scan else 'off'}"
+    return f"{self.model} scan={'on' if self.scan else 'off'}" + (f" x{self.processes}" if self.processes > 1 else "")
 
 
 def _tail(path: str, lines: int = 15) -> str:
@@ -134,10 +138,11 @@ def run_case(case: Case) -> Case:
   os.makedirs(case.work, exist_ok=True)
   out_dir = os.path.join(case.work, "ckpt")
   try:
-    rc = _run([sys.executable, CONVERTER, f"--hf_model_path={case.hf_dir}", f"--output_dir={out_dir}",
+    command = [sys.executable, CONVERTER, f"--hf_model_path={case.hf_dir}", f"--output_dir={out_dir}",
                "--save_dtype=float32", "--simulated_cpu_devices_count=1", f"--scan_layers={str(case.scan).lower()}",
-               f"--target_model={case.maxtext_model}", *tiny_models.TINY_MODELS[case.model].converter_flags],
-              os.path.join(case.work, "convert.log"), _converter_env())
+               f"--target_model={case.maxtext_model}", *tiny_models.TINY_MODELS[case.model].converter_flags]
+    rc = (_run(command, os.path.join(case.work, "convert.log"), _converter_env()) if case.processes == 1
+          else _run_processes(command, case.processes, os.path.join(case.work, "convert.log")))
     if rc != 0:
       case.error = f"converter exited {rc}:\n{_tail(os.path.join(case.work, 'convert.log'))}"
       return case
@@ -177,6 +182,25 @@ def run_case(case: Case) -> Case:
     return case
   finally:
     case.seconds = time.monotonic() - start
+
+
+def _run_processes(command: list[str], count: int, log: str) -> int:
+  """`command` as `count` processes of one conversion (a coordinator on 127.0.0.1); the first non-zero status."""
+  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    s.bind(("127.0.0.1", 0))
+    address = f"127.0.0.1:{s.getsockname()[1]}"
+  with open(log, "w", encoding="utf-8") as out:
+    children = [subprocess.Popen([*command, f"--num_processes={count}", f"--process_id={i}",
+                                  f"--coordinator_address={address}"], stdout=out, stderr=subprocess.STDOUT,
+                                 env=_converter_env(), cwd=ROOT) for i in range(count)]
+    codes = []
+    for child in children:
+      try:
+        codes.append(child.wait(timeout=FLAGS.case_timeout_s))
+      except subprocess.TimeoutExpired:
+        child.kill()
+        codes.append(124)
+  return next((c for c in codes if c), 0)
 
 
 def _is_tied(spec) -> bool:
@@ -226,7 +250,8 @@ def main(argv: list[str]) -> int:
     with lock:
       diff = "-" if np.isnan(case.max_diff) else f"{case.max_diff:.2e}"
       agree = "-" if np.isnan(case.argmax) else f"{case.argmax:.1%}"
-      print(f"{case.model:<20} {case.maxtext_model:<17} {'on' if case.scan else 'off':<4} {diff:>10} {agree:>8}"
+      model = case.model + (f" x{case.processes}" if case.processes > 1 else "")
+      print(f"{model:<20} {case.maxtext_model:<17} {'on' if case.scan else 'off':<4} {diff:>10} {agree:>8}"
             f"  {case.seconds:5.0f}  {'PASS' if case.passed else 'FAIL'}", flush=True)
       if case.error:
         print("    " + case.error.rstrip().replace("\n", "\n    "), flush=True)
@@ -254,6 +279,11 @@ def main(argv: list[str]) -> int:
       for scan in (s for s in scans if s in spec.scans):
         case = Case(name, tiny_models.TINY_MODELS[name].maxtext_model, scan, hf_dir, ids_path, reference,
                     os.path.join(model_dir, f"scan_{'on' if scan else 'off'}"))
+        cases.append(case)
+        futures.append(pool.submit(lambda c: report(run_case(c)) or c, case))
+      if name in FLAGS.multiprocess_families and True in scans and True in spec.scans:
+        case = Case(name, tiny_models.TINY_MODELS[name].maxtext_model, True, hf_dir, ids_path, reference,
+                    os.path.join(model_dir, "scan_on_2_processes"), processes=2)
         cases.append(case)
         futures.append(pool.submit(lambda c: report(run_case(c)) or c, case))
     concurrent.futures.wait(futures)
