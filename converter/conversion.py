@@ -73,6 +73,7 @@ def convert_to_maxtext(
     cancel: threading.Event | None = None,
     keep_fp8: bool = False,
     processes: Processes = Processes(),
+    compression: bool = True,
 ) -> ConversionResult:
   """Plans, checks and saves. A lazy save journals its blocks so that `resume=True` can finish it later.
 
@@ -109,7 +110,7 @@ def convert_to_maxtext(
     items_path = writer.save(
         resume_lib.with_salvage(plan, salvage) if salvage else plan, output_dir, lazy=lazy, devices=devices,
         max_inflight_bytes=max_inflight_bytes, custom_metadata=metadata, on_block_written=block_written,
-        keep_unfinished=journal is not None, cancel=cancel, processes=processes,
+        keep_unfinished=journal is not None, cancel=cancel, processes=processes, compression=compression,
     )
   except ConversionError as e:
     if journal is not None and resume_lib.park(output_dir, journal):

@@ -52,6 +52,8 @@ flags.DEFINE_boolean("verify", False, "After saving, re-read every leaf block by
 flags.DEFINE_boolean("resume", False, "Continue an interrupted conversion into OUTPUT_DIR from what it wrote durably.")
 flags.DEFINE_boolean("keep_fp8", False, "FP8 checkpoints: keep the FP8 kernels and write their block scales, as"
                      " MaxText's fp8 models hold them (e.g. qwen3.5-35b-a3b-fp8); half the bytes. Default: dequantize.")
+flags.DEFINE_enum("compression", "zstd", ["zstd", "none"], "Stored arrays' codec: zstd (Orbax's default, level 3)"
+                  " or none (larger, and no compressor in the way: for local scratch). MaxText reads both.")
 flags.DEFINE_integer("storage_retries", 10, "Buckets: retries of one failed request (backing off 1 s, 2 s, ... up to"
                      " 32 s) before the conversion fails; 10 rides out about three minutes of outage.", lower_bound=0)
 flags.DEFINE_enum("distributed", "off", ["off", "auto"], "auto: one conversion across every process of a TPU pod or"
@@ -146,7 +148,7 @@ def _run_to_huggingface() -> None:
 
 _TO_MAXTEXT_ONLY = ("scan_layers", "lazy_load_tensors", "simulated_cpu_devices_count", "save_dtype",
                     "target_vocab_size", "allow_unused_tensors", "max_inflight_bytes", "dry_run", "verify", "resume",
-                    "keep_fp8", "revision")
+                    "keep_fp8", "revision", "compression")
 
 
 def run() -> None:
@@ -224,6 +226,7 @@ def _convert_to_maxtext(output_dir: str, progress, cancel: threading.Event):
       cancel=cancel,
       keep_fp8=FLAGS.keep_fp8,
       processes=_processes(),
+      compression=FLAGS.compression == "zstd",
   )
 
 

@@ -109,6 +109,7 @@ def save(
     keep_unfinished: bool = False,
     cancel: threading.Event | None = None,
     processes: Processes = Processes(),
+    compression: bool = True,
 ) -> str:
   """Saves `plan` as step 0 of `output_dir`; returns the items path MaxText loads.
 
@@ -122,7 +123,7 @@ def save(
       raise ConversionError(f"{output_dir}: no Orbax leaf handler for: {'; '.join(unhandled[:5])}")
     add_tensorstore_resources(storage.tensorstore_resources())
     options = WriteOptions(max_inflight_bytes=max_inflight_bytes, on_block_written=on_block_written, cancel=cancel,
-                           processes=processes)
+                           processes=processes, compression=compression)
     checkpointer = ocp.v1.training.Checkpointer(storage.epath_of(output_dir), context=lazy_tensor_context(options))
     try:
       checkpointer.save_checkpointables(STEP, {ITEMS: tree}, custom_metadata=dict(custom_metadata))

@@ -27,6 +27,7 @@ def build_lazy_tensor_checkpointables_registry(
 
 def lazy_tensor_context(options: WriteOptions = WriteOptions()) -> Any:
   """An `ocp.v1.Context` whose checkpointables registry knows `LazyTensor` under "items"."""
-  context = ocp.v1.Context()
+  saving = ocp.v1.options.ArrayOptions.Saving(use_compression=options.compression)
+  context = ocp.v1.Context(array_options=ocp.v1.options.ArrayOptions(saving=saving))
   context.checkpointables.registry = build_lazy_tensor_checkpointables_registry(options=options)
   return context

@@ -41,6 +41,9 @@ class WriteOptions:
   # Set it (from a signal handler, say) to stop before the next block: the save then fails and never commits.
   cancel: threading.Event | None = None
   processes: Processes = Processes()
+  # zstd (Orbax's default for zarr3, level 3), or no compression: larger files, no compressor on the critical
+  # path (Orbax's own ArrayOptions.Saving.use_compression; every reader, MaxText's included, reads both).
+  compression: bool = True
 
 
 class SaveCancelled(RuntimeError):

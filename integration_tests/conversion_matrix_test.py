@@ -92,6 +92,20 @@ class ConversionMatrixTest(parameterized.TestCase):
     )[0]
     self.assertGreater(unrounded, report.max_abs_diff)
 
+  @parameterized.parameters(1, 16)
+  def test_uncompressed_output_holds_the_same_values(self, devices):
+    out = harness.scratch_dir("qwen3-none-")
+    harness.run_converter(f"--hf_model_path={self.model_dir}", f"--output_dir={out}",
+                          f"--simulated_cpu_devices_count={devices}", "--save_dtype=float32", "--compression=none")
+    items = os.path.join(out, "0", "items")
+    self.assertEqual(checkpoint_io.trees_bit_identical(checkpoint_io.restore_v0(items),
+                                                       checkpoint_io.restore_v0(self.convert(1, True, False))), [])
+    report = validate_lib.validate(self.model_dir, items, reference=self.reference)
+    self.assertEqual(report.failures(THRESHOLDS), [], report)
+    compressed = os.path.join(self.convert(devices, True, True), "..", "..")
+    size = lambda root: sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(root) for f in fs)
+    self.assertGreater(size(out), size(compressed))  # Random float32 weights still compress a little with zstd.
+
   def test_scanned_leaf_is_unscanned_leaves_stacked_on_axis_1(self):
     scanned = checkpoint_io.restore_v0(self.convert(1, True, True))["params"]["params"]["decoder"]
     unscanned = checkpoint_io.restore_v0(self.convert(1, False, True))["params"]["params"]["decoder"]
