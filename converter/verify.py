@@ -7,15 +7,14 @@ wrong bytes anywhere (a storage fault, a bug in the save path) is caught here, i
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Callable
 
 import numpy as np
 
 from converter.checkpoint_reader import CheckpointReader
 from converter.plan import Plan
-from handlers import LazyTensor, Processes, block_indices, shares
-from handlers.streaming import write_block_shape
+from handlers import LazyTensor, Processes, shares
+from handlers.streaming import plan_blocks
 
 _READ_CACHE_BYTES = 256 << 20
 
@@ -44,10 +43,7 @@ def verify_checkpoint(
   mismatches: list[str] = []
   blocks = total = 0
   lazies = [LazyTensor(leaf.name, leaf.shape, leaf.dtype, leaf.loader) for leaf in plan.leaves]
-  block_shapes = [write_block_shape(lazy) for lazy in lazies]
-  indices = [list(block_indices(leaf.shape, block)) for leaf, block in zip(plan.leaves, block_shapes)]
-  sizes = [math.prod(s.stop - s.start for s in index) * leaf.dtype.itemsize
-           for leaf, leaf_indices in zip(plan.leaves, indices) for index in leaf_indices]
+  block_shapes, indices, sizes = plan_blocks(lazies)
   owner = iter(shares.owners(sizes, processes.count))
   mine = [[index for index in leaf_indices if next(owner) == processes.index] for leaf_indices in indices]
   for leaf, lazy, block, leaf_indices in zip(plan.leaves, lazies, block_shapes, mine):

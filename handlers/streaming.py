@@ -119,10 +119,14 @@ async def _open(
   return store, spec.metadata
 
 
-def _blocks(values: Sequence[LazyTensor], max_inflight_bytes: int):
-  """Each value's write block shape and block indices, and every block's bytes, in write order."""
+def _target_bytes(max_inflight_bytes: int) -> int:
   # Several blocks in flight keep both cores and the disk busy; a small budget makes small blocks.
-  blocks = [write_block_shape(lazy, min(TARGET_BLOCK_BYTES, max_inflight_bytes // 4)) for lazy in values]
+  return min(TARGET_BLOCK_BYTES, max_inflight_bytes // 4)
+
+
+def plan_blocks(values: Sequence[LazyTensor], target_bytes: int = TARGET_BLOCK_BYTES):
+  """Each value's block shape (`write_block_shape`) and block indices, and every block's bytes, in order."""
+  blocks = [write_block_shape(lazy, target_bytes) for lazy in values]
   indices = [list(block_indices(lazy.shape, block)) for lazy, block in zip(values, blocks)]
   sizes = [math.prod(s.stop - s.start for s in index) * lazy.itemsize
            for lazy, leaf_indices in zip(values, indices) for index in leaf_indices]
@@ -131,7 +135,7 @@ def _blocks(values: Sequence[LazyTensor], max_inflight_bytes: int):
 
 def share_bytes(values: Sequence[LazyTensor], max_inflight_bytes: int, count: int) -> list[int]:
   """The bytes each of `count` processes writes when `values` are saved together (what --dry_run shows)."""
-  _, _, sizes = _blocks(values, max_inflight_bytes)
+  _, _, sizes = plan_blocks(values, _target_bytes(max_inflight_bytes))
   totals = [0] * count
   for nbytes, owner in zip(sizes, shares.owners(sizes, count)):
     totals[owner] += nbytes
@@ -157,7 +161,7 @@ async def write_lazy_tensors(
     if not task.cancelled() and task.exception() is not None:
       errors.append(task.exception())
 
-  blocks, indices, sizes = _blocks(values, options.max_inflight_bytes)
+  blocks, indices, sizes = plan_blocks(values, _target_bytes(options.max_inflight_bytes))
   owner = iter(shares.owners(sizes, options.processes.count))
   metadatas = []
   try:

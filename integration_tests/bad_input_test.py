@@ -160,8 +160,7 @@ class BadInputTest(absltest.TestCase):
     if not _can_mount_tmpfs():
       self.skipTest("cannot mount a private tmpfs here (unshare --user --mount refused)")
     mount_point = harness.scratch_dir("tmpfs-")
-    env = dict(os.environ, PYTHONPATH=harness.REPO_ROOT)
-    env.pop("HF2MAXTEXT_TEST_PLATFORM", None)
+    env = harness.converter_env()
     script = (f"mount -t tmpfs -o {mount_options} tmpfs {mount_point} && "
               f"{sys.executable} {harness.CONVERTER_MAIN} --hf_model_path={self.good} "
               f"--output_dir={mount_point}/out --simulated_cpu_devices_count=1 {' '.join(flags)}; rc=$?; "

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 
 from absl.testing import absltest, parameterized
@@ -154,9 +153,8 @@ class GcsOutageTest(absltest.TestCase):
       gcs.create_bucket("ckpts")
       # A short lease: the failed run cannot delete its lock object while the server is down, and the resumed
       # run must see it as stale rather than wait out the default 60 s.
-      env = dict(os.environ, PYTHONPATH=harness.REPO_ROOT, HF2MAXTEXT_LOCK_LEASE_S="5", **gcs.env)
-      env.pop("HF2MAXTEXT_TEST_PLATFORM", None)
-      command = [sys.executable, harness.CONVERTER_MAIN, *flags, "--output_dir=gs://ckpts/out"]
+      env = harness.converter_env(HF2MAXTEXT_LOCK_LEASE_S="5", **gcs.env)
+      command = harness.converter_command(*flags, "--output_dir=gs://ckpts/out")
       child = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
       deadline = time.monotonic() + 300
       while (not [n for n in gcs.object_names("ckpts", "out/") if ".journal." in n] and child.poll() is None

@@ -43,13 +43,22 @@ def scratch_dir(prefix: str) -> str:
   return tempfile.mkdtemp(prefix=prefix, dir=os.environ.get("TEST_TMPDIR"))
 
 
+def converter_env(**extra: str) -> dict[str, str]:
+  """The environment a converter child process runs in: this one's, the repository importable, `extra` added,
+  and no test-platform marker (the converter runs on the CPU as a user runs it)."""
+  env = dict(os.environ, PYTHONPATH=REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), **extra)
+  env.pop("HF2MAXTEXT_TEST_PLATFORM", None)
+  return env
+
+
+def converter_command(*flags: str) -> list[str]:
+  return [sys.executable, CONVERTER_MAIN, *flags]
+
+
 def run_converter(*flags: str, check: bool = True) -> subprocess.CompletedProcess:
   """`bazel run //converter -- FLAGS` as a user runs it, in a fresh process (JAX's device count is per process)."""
-  env = dict(os.environ, PYTHONPATH=REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-  env.pop("HF2MAXTEXT_TEST_PLATFORM", None)
-  result = subprocess.run(
-      [sys.executable, CONVERTER_MAIN, *flags], env=env, capture_output=True, text=True, timeout=900
-  )
+  result = subprocess.run(converter_command(*flags), env=converter_env(), capture_output=True, text=True,
+                          timeout=900)
   if check and result.returncode != 0:
     raise AssertionError(f"converter {' '.join(flags)} failed ({result.returncode}):\n{result.stderr[-4000:]}")
   return result

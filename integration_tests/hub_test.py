@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 
 from absl.testing import absltest
 
@@ -42,12 +41,11 @@ class HubTest(absltest.TestCase):
   def convert(cls, model: str, *flags: str, env: dict[str, str] | None = None,
               check: bool = True) -> str | subprocess.CompletedProcess:
     out = os.path.join(harness.scratch_dir("hub-out-"), "out")
-    child_env = dict(os.environ, PYTHONPATH=harness.REPO_ROOT, **(env or {}))
-    child_env.pop("HF2MAXTEXT_TEST_PLATFORM", None)
+    child_env = harness.converter_env(**(env or {}))
     if env is not None and "HF_HUB_OFFLINE" not in env:
       child_env.pop("HF_HUB_OFFLINE", None)  # The test suites set it; these tests choose.
-    result = subprocess.run([sys.executable, harness.CONVERTER_MAIN, f"--hf_model_path={model}",
-                             f"--output_dir={out}", "--simulated_cpu_devices_count=1", "--noprogress", *flags],
+    result = subprocess.run(harness.converter_command(f"--hf_model_path={model}", f"--output_dir={out}",
+                                                      "--simulated_cpu_devices_count=1", "--noprogress", *flags),
                             env=child_env, capture_output=True, text=True, timeout=600)
     if not check:
       return result

@@ -51,7 +51,7 @@ class InterruptionTest(parameterized.TestCase):
 
   def _start_and_stop(self, out: str, sig: int) -> subprocess.CompletedProcess:
     """Starts a conversion, waits until some blocks are durably written, then sends `sig`."""
-    env = dict(os.environ, PYTHONPATH=harness.REPO_ROOT)
+    env = harness.converter_env()
     child = subprocess.Popen([sys.executable, harness.CONVERTER_MAIN, *self.flags(out)], env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300

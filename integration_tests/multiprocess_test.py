@@ -7,9 +7,7 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
-import sys
 import time
 
 from absl.testing import absltest, parameterized
@@ -19,24 +17,17 @@ from integration_tests import harness
 harness.start_jax()
 
 from tools import checkpoint_io, gcs_emulator, synthetic_checkpoint  # pylint: disable=g-import-not-at-top
+from tools.ports import free_port  # pylint: disable=g-import-not-at-top
 
 _STARTUP_TIMEOUT_S = 300
 
 
-def _free_port() -> int:
-  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
 def start_processes(count: int, *flags: str) -> list[subprocess.Popen]:
   """`count` converter processes joined through a coordinator on 127.0.0.1 (process 0 hosts it)."""
-  address = f"127.0.0.1:{_free_port()}"
-  env = dict(os.environ, PYTHONPATH=harness.REPO_ROOT)
-  env.pop("HF2MAXTEXT_TEST_PLATFORM", None)
-  return [subprocess.Popen([sys.executable, harness.CONVERTER_MAIN, *flags, f"--num_processes={count}",
-                            f"--process_id={i}", f"--coordinator_address={address}", "--noprogress"],
-                           env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  address = f"127.0.0.1:{free_port()}"
+  return [subprocess.Popen(harness.converter_command(*flags, f"--num_processes={count}", f"--process_id={i}",
+                                                     f"--coordinator_address={address}", "--noprogress"),
+                           env=harness.converter_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
           for i in range(count)]
 
 

@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 
 from absl.testing import absltest, parameterized
@@ -49,9 +48,7 @@ class OneWriterTest(parameterized.TestCase):
             "--max_inflight_bytes=2097152", "--noprogress"]
 
   def env(self) -> dict[str, str]:
-    env = dict(os.environ, PYTHONPATH=harness.REPO_ROOT, **self.gcs.env)
-    env.pop("HF2MAXTEXT_TEST_PLATFORM", None)
-    return env
+    return harness.converter_env(**self.gcs.env)
 
   def output(self, where: str, name: str) -> str:
     return os.path.join(harness.scratch_dir("one-writer-"), name) if where == "local" else f"gs://ckpts/{name}"
@@ -71,7 +68,7 @@ class OneWriterTest(parameterized.TestCase):
   @parameterized.parameters("local", "bucket")
   def test_second_conversion_refuses_and_first_completes(self, where):
     out = self.output(where, "shared")
-    first = subprocess.Popen([sys.executable, harness.CONVERTER_MAIN, *self.flags(out)], env=self.env(),
+    first = subprocess.Popen(harness.converter_command(*self.flags(out)), env=self.env(),
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while not self.lock_exists(out) and first.poll() is None and time.monotonic() < deadline:
@@ -82,7 +79,7 @@ class OneWriterTest(parameterized.TestCase):
     os.kill(first.pid, signal.SIGSTOP)
     try:
       started = time.monotonic()
-      second = subprocess.run([sys.executable, harness.CONVERTER_MAIN, *self.flags(out)], env=self.env(),
+      second = subprocess.run(harness.converter_command(*self.flags(out)), env=self.env(),
                               capture_output=True, text=True, timeout=300)
       refused_after = time.monotonic() - started
     finally:
@@ -116,7 +113,7 @@ class OneWriterTest(parameterized.TestCase):
       json.dump(record, f)
     self.gcs.upload_dir(staging, "ckpts", "")
     self.assertTrue(self.lock_exists(out))
-    result = subprocess.run([sys.executable, harness.CONVERTER_MAIN, *self.flags(out)], env=self.env(),
+    result = subprocess.run(harness.converter_command(*self.flags(out)), env=self.env(),
                             capture_output=True, text=True, timeout=600)
     self.assertEqual(result.returncode, 0, result.stderr[-2000:])
     self.assertIn("taking over a stale lock (pid 999999 on elsewhere", result.stderr)
@@ -125,7 +122,7 @@ class OneWriterTest(parameterized.TestCase):
   def test_holder_whose_lease_is_taken_over_stops_and_commits_nothing(self):
     out = self.output("bucket", "taken-over")
     env = dict(self.env(), HF2MAXTEXT_LOCK_LEASE_S="2")  # Renewed (and checked) every 0.5 s.
-    holder = subprocess.Popen([sys.executable, harness.CONVERTER_MAIN, *self.flags(out)], env=env,
+    holder = subprocess.Popen(harness.converter_command(*self.flags(out)), env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while not self.lock_exists(out) and holder.poll() is None and time.monotonic() < deadline:
@@ -151,7 +148,7 @@ class OneWriterTest(parameterized.TestCase):
     with open(os.path.join(staging, f"fresh-lease{LOCK_SUFFIX}"), "w") as f:
       json.dump(record, f)
     self.gcs.upload_dir(staging, "ckpts", "")
-    result = subprocess.run([sys.executable, harness.CONVERTER_MAIN, *self.flags(out)], env=self.env(),
+    result = subprocess.run(harness.converter_command(*self.flags(out)), env=self.env(),
                             capture_output=True, text=True, timeout=300)
     self.assertEqual(result.returncode, 1, result.stderr[-2000:])
     self.assertIn("pid 4242 on other-host", result.stderr)

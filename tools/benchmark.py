@@ -32,6 +32,7 @@ import psutil
 from absl import app, flags
 
 from tools import synthetic_checkpoint
+from tools.ports import free_port
 
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("family", "qwen3_moe", sorted(synthetic_checkpoint.FAMILIES), "Synthetic model family.")
@@ -223,19 +224,11 @@ def _has_native_fp8(input_dir: str) -> bool:
   return families.resolve(load_model_config(input_dir)).family.fp8_unquantized_modules is not None
 
 
-def _free_port() -> int:
-  import socket  # pylint: disable=g-import-not-at-top
-
-  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
 def run_processes(input_dir: str, output_dir: str, count: int, cores: list[int] | None,
                   env: dict[str, str]) -> tuple[float, list[int]]:
   """One conversion by `count` processes (each pinned to `cores[i]` when given); returns the wall until the last
   one exits and each process's peak RSS."""
-  address = f"127.0.0.1:{_free_port()}"
+  address = f"127.0.0.1:{free_port()}"
   children, peaks = [], [0] * count
   start = time.monotonic()
   for i in range(count):

@@ -6,13 +6,14 @@ from __future__ import annotations
 import json
 import os
 import platform
-import socket
 import subprocess
 import tempfile
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
+
+from tools.ports import free_port
 
 _START_TIMEOUT_S = 30.0
 
@@ -25,19 +26,13 @@ def _binary() -> str:
                       f"fake-gcs-server-{platform.system().lower()}-{arch}")
 
 
-def _free_port() -> int:
-  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
 class GcsEmulator:
   """`with GcsEmulator() as gcs:` ... `gcs.env` is what a child process needs (STORAGE_EMULATOR_HOST only: the
   converter derives tensorstore's and gcsfs' settings from it)."""
 
   def __init__(self, root: str | None = None):
     self.root = root or tempfile.mkdtemp(prefix="gcs-", dir=os.environ.get("TEST_TMPDIR"))
-    self.port = _free_port()
+    self.port = free_port()
     self._process: subprocess.Popen | None = None
     self._started_once = False
 
@@ -53,7 +48,7 @@ class GcsEmulator:
     """Starts the server (again, after `stop`, with the same buckets) on a fresh port: reusing the old one would
     race with anything else on the machine picking a free port meanwhile."""
     if self._started_once:
-      self.port = _free_port()
+      self.port = free_port()
     self._started_once = True
     os.makedirs(self.root, exist_ok=True)
     log = open(os.path.join(self.root, "server.log"), "ab")  # pylint: disable=consider-using-with

@@ -24,7 +24,6 @@ import dataclasses
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -186,9 +185,9 @@ def run_case(case: Case) -> Case:
 
 def _run_processes(command: list[str], count: int, log: str) -> int:
   """`command` as `count` processes of one conversion (a coordinator on 127.0.0.1); the first non-zero status."""
-  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-    s.bind(("127.0.0.1", 0))
-    address = f"127.0.0.1:{s.getsockname()[1]}"
+  from tools.ports import free_port  # pylint: disable=g-import-not-at-top
+
+  address = f"127.0.0.1:{free_port()}"
   with open(log, "w", encoding="utf-8") as out:
     children = [subprocess.Popen([*command, f"--num_processes={count}", f"--process_id={i}",
                                   f"--coordinator_address={address}"], stdout=out, stderr=subprocess.STDOUT,
