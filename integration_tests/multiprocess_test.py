@@ -144,6 +144,34 @@ class MultiProcessTest(parameterized.TestCase):
                                                        checkpoint_io.restore_v0(os.path.join(reference, "0", "items"))),
                      [])
 
+  def test_distributed_auto_finds_a_slurm_job(self):
+    # What srun sets for each task; JAX derives the coordinator's port from the job id (61440 + id % 4096).
+    port = free_port(61440, 65535)
+    out = os.path.join(harness.scratch_dir("multiprocess-slurm-"), "out")
+    flags = [f"--hf_model_path={self.models['dense']}", "--simulated_cpu_devices_count=1",
+             "--max_inflight_bytes=1048576"]
+    children = []
+    for task in range(2):
+      env = harness.converter_env()
+      env.update(SLURM_JOB_ID=str(port - 61440), SLURM_STEP_NODELIST="127.0.0.1", SLURM_NTASKS="2",
+                 SLURM_PROCID=str(task), SLURM_LOCALID=str(task), SLURM_STEP_NUM_NODES="1",
+                 JAX_COORDINATOR_BIND_ADDRESS=f"127.0.0.1:{port}")
+      children.append(subprocess.Popen(harness.converter_command(*flags, f"--output_dir={out}", "--distributed=auto",
+                                                                 "--noprogress"),
+                                       env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    results = finish(children)
+    for i, result in enumerate(results):
+      self.assertEqual(result.returncode, 0, f"task {i}:\n{result.stderr[-3000:]}")
+    written = [int(re.search(r"wrote ([\d,]+) bytes", r.stdout).group(1).replace(",", "")) for r in results]
+    self.assertTrue(all(share > 0 for share in written), written)
+    self.assertEqual(sum(written), int(re.search(r"bytes:\s+([\d,]+)", results[0].stdout).group(1).replace(",", "")))
+    reference = os.path.join(harness.scratch_dir("multiprocess-ref-"), "out")
+    harness.run_converter(*flags[:1], "--simulated_cpu_devices_count=2", "--max_inflight_bytes=1048576",
+                          f"--output_dir={reference}", "--noprogress")
+    self.assertEqual(checkpoint_io.trees_bit_identical(checkpoint_io.restore_v0(os.path.join(out, "0", "items")),
+                                                       checkpoint_io.restore_v0(os.path.join(reference, "0", "items"))),
+                     [])
+
   def test_several_processes_need_a_coordinator(self):
     out = os.path.join(harness.scratch_dir("multiprocess-"), "out")
     flags = [f"--hf_model_path={self.models['dense']}", f"--output_dir={out}", "--simulated_cpu_devices_count=1"]
