@@ -5,6 +5,26 @@ from __future__ import annotations
 import numpy as np
 
 _TRANSPOSE_ROWS = 16
+_BITS = {1: np.dtype(np.uint8), 2: np.dtype(np.uint16), 4: np.dtype(np.uint32), 8: np.dtype(np.uint64)}
+
+
+def as_bits(x: np.ndarray) -> np.ndarray:
+  """`x` viewed as unsigned integers of its item size, for moving values without looking at them.
+
+  numpy moves its own integer types with its fastest strided loops; bfloat16 and the float8 types are
+  ml_dtypes' dtypes, which numpy copies element by element through the dtype's functions: a strided
+  bfloat16 copy (a transpose) ran 1.3 GB/s here, the same bits as uint16 1.9 GB/s.
+  """
+  bits = _BITS.get(x.dtype.itemsize)
+  return x if bits is None or x.dtype == bits else x.view(bits)
+
+
+def assign(target: np.ndarray, value: np.ndarray) -> None:
+  """`target[...] = value`, moved as bits where no cast is needed."""
+  if value.dtype == target.dtype:
+    as_bits(target)[...] = as_bits(value)
+  else:
+    target[...] = value
 
 
 def transpose_last_two(x: np.ndarray) -> np.ndarray:
@@ -17,6 +37,7 @@ def transpose_last_two(x: np.ndarray) -> np.ndarray:
   """
   rows = x.shape[-2]
   out = np.empty(x.shape[:-2] + (x.shape[-1], rows), dtype=x.dtype)
+  source, target = as_bits(x), as_bits(out)
   for start in range(0, rows, _TRANSPOSE_ROWS):
-    out[..., start : start + _TRANSPOSE_ROWS] = np.swapaxes(x[..., start : start + _TRANSPOSE_ROWS, :], -1, -2)
+    target[..., start : start + _TRANSPOSE_ROWS] = np.swapaxes(source[..., start : start + _TRANSPOSE_ROWS, :], -1, -2)
   return out

@@ -1,5 +1,6 @@
 """The blocked transpose equals numpy's, for 2-D and stacked (3-D) arrays, and is contiguous."""
 
+import ml_dtypes
 import numpy as np
 from absl.testing import absltest
 
@@ -14,6 +15,22 @@ class ArraysTest(absltest.TestCase):
       y = arrays.transpose_last_two(x)
       np.testing.assert_array_equal(y, np.swapaxes(x, -1, -2))
       self.assertTrue(y.flags.c_contiguous)
+
+  def test_transpose_moves_bits_of_every_dtype(self):
+    rng = np.random.default_rng(0)
+    for dtype in (ml_dtypes.bfloat16, np.float16, ml_dtypes.float8_e4m3fn, np.float32, np.float64):
+      x = rng.integers(0, 256, size=(2, 37, 19 * np.dtype(dtype).itemsize), dtype=np.uint8).view(dtype)
+      y = arrays.transpose_last_two(x)
+      self.assertEqual(y.dtype, x.dtype)
+      np.testing.assert_array_equal(arrays.as_bits(y), np.swapaxes(arrays.as_bits(x), -1, -2))  # NaNs included.
+
+  def test_assign_moves_bits_or_casts(self):
+    nan_payload = np.array([0x7FC1, 0xFFFF, 0x0001], np.uint16).view(ml_dtypes.bfloat16)
+    target = np.zeros((2, 3), ml_dtypes.bfloat16)
+    arrays.assign(target[1], nan_payload)
+    np.testing.assert_array_equal(arrays.as_bits(target[1]), arrays.as_bits(nan_payload))
+    arrays.assign(target[0], np.array([1.5, -2.0, 3.0], np.float32))  # A cast, not the float32 bits.
+    np.testing.assert_array_equal(target[0].astype(np.float32), [1.5, -2.0, 3.0])
 
 
 if __name__ == "__main__":

@@ -115,12 +115,14 @@ def cache_bytes(array: StoredArray, chunk: Shape, slice_index: Index, limit: int
 
 
 def _chunks_touched(shape: Shape, chunk: Shape, index: Index) -> int:
-  """How many chunks `array[index]` intersects, for an index of ints and full slices."""
+  """How many chunks `array[index]` intersects, for an index of ints and step-1 slices."""
   count = 1
   for axis, (size, extent) in enumerate(zip(shape, chunk)):
+    extent = max(extent, 1)
     if axis < len(index) and not isinstance(index[axis], slice):
       continue
-    count *= -(-size // max(extent, 1))
+    start, stop, _ = index[axis].indices(size) if axis < len(index) else (0, size, 1)
+    count *= max(1, (stop - 1) // extent - start // extent + 1) if stop > start else 1
   return count
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import json
 import logging as std_logging
 import resource
@@ -46,7 +47,8 @@ flags.DEFINE_boolean("overwrite", False, "Replace an existing checkpoint at OUTP
 flags.DEFINE_string("target_model", None, "MaxText model the checkpoint is for (default: inferred from config.json).")
 flags.DEFINE_integer("target_vocab_size", None, "Zero-pad the vocabulary to this size (MaxText configs may round up).")
 flags.DEFINE_boolean("allow_unused_tensors", False, "Warn about, rather than refuse, tensors the family does not use.")
-flags.DEFINE_integer("max_inflight_bytes", 256 << 20, "Most bytes of materialised blocks alive at once while saving.")
+flags.DEFINE_integer("max_inflight_bytes", 256 << 20, "Most bytes of materialised blocks alive at once while saving"
+                     " (to_huggingface: of pieces read ahead of the writes).")
 flags.DEFINE_boolean("dry_run", False, "Read only config.json and the safetensors headers; print the plan and exit.")
 flags.DEFINE_boolean("verify", False, "After saving, re-read every leaf block by block and compare with the source.")
 flags.DEFINE_boolean("resume", False, "Continue an interrupted conversion into OUTPUT_DIR from what it wrote durably.")
@@ -126,6 +128,7 @@ def _run_to_huggingface() -> None:
         overwrite=FLAGS.overwrite,
         hf_config_path=_resolve(FLAGS.hf_config_path) if FLAGS.hf_config_path else None,
         target_model=FLAGS.target_model,
+        read_ahead_bytes=FLAGS.max_inflight_bytes,
         processes=_processes(),
     )
   seconds = time.monotonic() - start
@@ -208,6 +211,8 @@ def _run_to_maxtext() -> None:
 
 def _convert_to_maxtext(output_dir: str, progress, cancel: threading.Event):
   from converter import conversion  # pylint: disable=g-import-not-at-top
+
+  gc.freeze()
 
   return conversion.convert_to_maxtext(
       hf_model_path=_model_path(FLAGS.hf_model_path),

@@ -18,6 +18,7 @@ import numpy as np
 from converter import families
 from converter import native_fp8
 from converter import ops as ops_lib
+from converter.arrays import assign
 from converter.errors import ConversionError
 from converter.families import Family, Layout, Param, ResolvedModel
 from converter.families.runtime import Runtime
@@ -77,7 +78,7 @@ def row_slabs(ops: tuple[Op, ...], part_shape: Shape) -> Slabs | None:
   return None
 
 
-def _slab_ops(ops: tuple[Op, ...], slabs: Slabs, count: int) -> tuple[Op, ...]:
+def slab_ops(ops: tuple[Op, ...], slabs: Slabs, count: int) -> tuple[Op, ...]:
   """`ops` for a slab of `count` indices of `slabs.axis`: the shape-dependent ones resized."""
   resized = []
   for op in ops:
@@ -136,7 +137,7 @@ class FromTensor:
     stored = self._part_shape[0]  # Rows past the stored ones are padding (a vocabulary padded for MaxText).
     rows = slice(min(start * slabs.unit, stored), min(stop * slabs.unit, stored))
     x = self.tensor.read(self.dtype, self.lead + (rows,))
-    for op in _slab_ops(self.ops, slabs, stop - start):
+    for op in slab_ops(self.ops, slabs, stop - start):
       x = op(x)
     return x[tuple(slice(None) if axis == slabs.axis else s for axis, s in enumerate(index))]
 
@@ -165,7 +166,7 @@ class Stack:
     out_shape = tuple(len(range(*s.indices(d))) for s, d in zip(index, self.shape))
     out = np.empty(out_shape, dtype=self.dtype)
     for j, k in enumerate(ks):
-      out[(slice(None),) * self.axis + (j,)] = self.parts[k].region(part_index)
+      assign(out[(slice(None),) * self.axis + (j,)], self.parts[k].region(part_index))
     return out
 
 

@@ -4,13 +4,16 @@ Derived from the same family descriptions as the forward direction, with no seco
 family's layout names its MaxText leaf, its HF tensor and the ops between them, and `ops.inverse_ops` undoes
 those ops. The layout's layer groups say which leaf holds which layer; layer stacking (at the param's scan axis)
 and expert stacking (axis 0) are undone by indexing. Params that split one fused HF tensor (gate/up) are joined
-back into it, and a tensor holding every expert is written expert by expert.
+back into it, a tensor holding every expert is written expert by expert, and a large 2-D tensor (an embedding, a
+logits kernel, a 405B model's projection) a run of rows at a time, each read from the slab of the leaf the
+forward direction wrote those rows into (plan.row_slabs), so that none is ever held whole.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
@@ -20,6 +23,7 @@ from converter.errors import ConversionError
 from converter.families import Family, LayerGroup, Param
 from converter.model_config import ModelConfig, parse_model_config
 from converter.ops import Op, Slot, inverse_ops, is_exact, output_shape
+from converter.plan import ROW_BLOCK_BYTES, row_slabs, slab_ops
 from converter.safetensors_output import TensorSpec
 from converter.sources import SAFETENSORS_DTYPES
 
@@ -43,8 +47,9 @@ class HfPart:
 
 @dataclasses.dataclass(frozen=True)
 class HfTensor:
-  """One HF tensor, made of `pieces`: one per index of its first axis when `in_pieces` (a tensor holding every
-  expert), else a single piece; each piece is one or more parts (the halves of a fused projection)."""
+  """One HF tensor, made of `pieces`: consecutive runs along its first axis when `in_pieces` (a tensor holding
+  every expert: one expert each; a large 2-D tensor: rows), else a single piece; each piece is one or more parts
+  (the halves of a fused projection)."""
 
   name: str
   shape: Shape
@@ -147,6 +152,34 @@ def _leaf_shape(per_tensor: Shape, param: Param, stacking: tuple[int, ...]) -> S
   return shape[:param.scan_axis] + stacking + shape[param.scan_axis:]
 
 
+def _row_slab_parts(param: Param, leaf: tuple[str, ...], index: tuple[Any, ...], per_tensor: Shape, stacked: int,
+                    itemsize: int) -> list[HfPart] | None:
+  """A large 2-D HF tensor (one part, no slot) as runs of its rows: each run is read from the slab of the leaf
+  that the forward direction converted those rows into, and undone with that slab's ops; None when the tensor
+  is small or its ops do not map rows to slabs."""
+  part_shape = tuple(param.part_shape)
+  if (param.experts or param.leaf_slot is not None or len(part_shape) != 2 or
+      math.prod(per_tensor) * itemsize <= ROW_BLOCK_BYTES):
+    return None
+  slabs = row_slabs(param.ops, part_shape)
+  if slabs is None:
+    return None
+  size = per_tensor[slabs.axis]
+  step = max(1, ROW_BLOCK_BYTES // (math.prod(per_tensor) // size * itemsize))
+  leaf_axis = slabs.axis + (stacked if slabs.axis >= param.scan_axis else 0)
+  full = list(index) + [slice(None)] * (len(per_tensor) + stacked - len(index))
+  parts = []
+  for start in range(0, size, step):
+    stop = min(start + step, size)
+    rows = min(stop * slabs.unit, part_shape[0]) - start * slabs.unit
+    if rows <= 0:
+      break  # Only rows MaxText pads (a vocabulary padded to a multiple) are left.
+    full[leaf_axis] = slice(start, stop)
+    parts.append(HfPart(leaf, tuple(full), inverse_ops(slab_ops(param.ops, slabs, stop - start),
+                                                        (rows, part_shape[1])), None))
+  return parts
+
+
 def _show(keys: Sequence[str]) -> str:
   return "/".join(keys)
 
@@ -157,9 +190,9 @@ class _Builder:
   def __init__(self):
     self.entries: dict[str, dict[str, Any]] = {}
 
-  def add(self, name: str, param: Param, piece: int, part: HfPart, dtype: np.dtype) -> None:
+  def add(self, name: str, param: Param, piece: int, part: HfPart, dtype: np.dtype, in_pieces: bool = False) -> None:
     entry = self.entries.setdefault(name, {"shape": tuple(param.hf_shape), "dtype": dtype, "pieces": {},
-                                           "in_pieces": param.experts_in_tensor, "exact": True})
+                                           "in_pieces": param.experts_in_tensor or in_pieces, "exact": True})
     entry["pieces"].setdefault(piece, []).append(part)
     entry["exact"] &= is_exact(param.ops)
 
@@ -254,19 +287,25 @@ def plan_to_huggingface(
       ops = (param.leaf_slot,) + ops  # First its slot of the shared leaf, then the inverse of its ops.
     stacking = group.stacking if group is not None and group.stacked else ()
     array = leaf(keys, _leaf_shape(per_tensor, param, stacking))
+
+    def add_tensor(name: str, index: tuple[Any, ...], piece: int) -> None:
+      slab_parts = _row_slab_parts(param, PARAMS + keys, index, per_tensor, len(stacking), array.dtype.itemsize)
+      if slab_parts is None:
+        builder.add(name, param, piece, HfPart(PARAMS + keys, index, ops, split), array.dtype)
+      for k, part in enumerate(slab_parts or ()):
+        builder.add(name, param, k, part, array.dtype, in_pieces=True)
+
     if group is None:
       if param.experts:
         raise ConversionError(f"{fam.name}: top-level parameter {param.maxtext} with experts is not supported")
-      builder.add(param.hf, param, 0, HfPart(PARAMS + keys, (), ops, split), array.dtype)
+      add_tensor(param.hf, (), 0)
       return
     # Experts outermost, layers next: consecutive reads stay inside the same chunks.
     for expert in range(param.experts) if param.experts else [None]:
       for position, layer in group.positions():
-        index = _leaf_index(param, expert, position if group.stacked else ())
-        hf_layer = param.hf_layer(layer)
-        name = param.hf.format(layer=hf_layer, expert=expert)
-        piece = expert if param.experts_in_tensor else 0
-        builder.add(name, param, piece, HfPart(PARAMS + keys, index, ops, split), array.dtype)
+        name = param.hf.format(layer=param.hf_layer(layer), expert=expert)
+        add_tensor(name, _leaf_index(param, expert, position if group.stacked else ()),
+                   expert if param.experts_in_tensor else 0)
 
   for param in layout.top:
     add(param, tuple(param.maxtext.split("/")), None)

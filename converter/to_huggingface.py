@@ -3,7 +3,9 @@
 The plan (converter/reverse_plan.py) says which slice of which stored leaf becomes which HF tensor; here each
 tensor is read slice by slice (converter/checkpoint_reader.py), transformed, joined where the forward direction
 split a fused tensor, and streamed into the current shard file, expert by expert for tensors holding every expert.
-Memory: one HF tensor (or one expert's piece of it) plus the open leaves' chunk caches.
+Pieces are read on a worker thread while earlier ones are written, up to a byte budget (`read_ahead_bytes`, the
+converter's --max_inflight_bytes). Memory: that budget (pieces: one expert of a tensor holding every expert, a
+slab of rows of a large one, else one tensor) plus the open leaves' chunk caches.
 
 The HF config comes from the checkpoint's custom metadata (`hf2maxtext.hf_config`, recorded by the forward
 direction) or from `hf_config_path`; it is written back as config.json with its dtype set to the checkpoint's and
@@ -18,11 +20,13 @@ is Gemma's `w + 1` norm storage (within 1 ulp of |w| + 1). Vocab padding rows ar
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import os
 import shutil
 import tempfile
+import threading
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -41,6 +45,7 @@ if TYPE_CHECKING:
 
 DEFAULT_MAX_SHARD_SIZE = "5GB"
 DEFAULT_READ_CACHE_BYTES = 1 << 30
+DEFAULT_READ_AHEAD_BYTES = 256 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,29 +106,94 @@ def _piece(tensor: HfTensor, parts: tuple[HfPart, ...], leaves: _OpenLeaves) -> 
   return value if value.dtype == tensor.dtype else value.astype(tensor.dtype)
 
 
+class _ReadAhead:
+  """The pieces of `items` (tensor, parts) in order, read on a worker thread while the caller writes earlier ones;
+  at most `max_bytes` of pieces read and not yet written exist at once (a larger piece still passes, alone).
+
+  Reading (decoding zstd chunks, undoing the ops) and writing (the kernel copying into the page cache) each take
+  about half of a reverse conversion's time; overlapped, the slower of the two sets the pace.
+  """
+
+  def __init__(self, items: list[tuple[HfTensor, tuple[HfPart, ...]]], leaves: _OpenLeaves, max_bytes: int):
+    self._max_bytes = max_bytes
+    self._condition = threading.Condition()
+    self._ready: collections.deque = collections.deque()
+    self._alive_bytes = 0  # Read and not yet written, including the piece the caller holds.
+    self._held = 0
+    self._stopped = False
+    self._thread = threading.Thread(target=self._read_all, args=(items, leaves), name="hf2maxtext-read-ahead",
+                                    daemon=True)
+    self._thread.start()
+
+  def _read_all(self, items, leaves: _OpenLeaves) -> None:
+    try:
+      for tensor, parts in items:
+        expected = tensor.nbytes // len(tensor.pieces)
+        with self._condition:
+          while self._alive_bytes and self._alive_bytes + expected > self._max_bytes and not self._stopped:
+            self._condition.wait()
+          if self._stopped:
+            return
+        leaves.keep_only(tensor.leaves)
+        value = _piece(tensor, parts, leaves)
+        with self._condition:
+          self._ready.append((tensor, value))
+          self._alive_bytes += value.nbytes
+          self._condition.notify_all()
+      outcome: Any = None
+    except BaseException as e:  # pylint: disable=broad-except  Raised in the caller's thread.
+      outcome = e
+    with self._condition:
+      self._ready.append(outcome)
+      self._condition.notify_all()
+
+  def __iter__(self):
+    while True:
+      with self._condition:
+        self._alive_bytes -= self._held  # The caller has written the piece it held.
+        self._held = 0
+        self._condition.notify_all()
+        while not self._ready:
+          self._condition.wait()
+        item = self._ready.popleft()
+      if item is None:
+        return
+      if isinstance(item, BaseException):
+        raise item
+      self._held = item[1].nbytes
+      yield item
+
+  def close(self) -> None:
+    with self._condition:
+      self._stopped = True
+      self._condition.notify_all()
+    self._thread.join()
+
+
 def _write_shards(plan: ReversePlan, reader: CheckpointReader, directory: str, shards: list[list[HfTensor]],
-                  read_cache_bytes: int, processes: Processes) -> tuple[list[str], list[str]]:
+                  read_cache_bytes: int, read_ahead_bytes: int, processes: Processes) -> tuple[list[str], list[str]]:
   """Writes this process's shards (all of them for one process; a byte-balanced run of them for several);
   returns every shard's file name and those this process wrote."""
   names = shard_names(len(shards))
   owners = shares.owners([sum(t.spec.nbytes for t in shard) for shard in shards], processes.count)
-  leaves = _OpenLeaves(reader, read_cache_bytes)
-  mine = []
-  for file_name, shard, owner in zip(names, shards, owners):
-    if owner != processes.index:
-      continue
-    mine.append(file_name)
-    writer = SafetensorsStreamWriter(storage.join(directory, file_name), [t.spec for t in shard])
-    try:
-      for tensor in shard:
-        leaves.keep_only(tensor.leaves)
-        for parts in tensor.pieces:
-          writer.write(tensor.name, _piece(tensor, parts, leaves), piece=tensor.in_pieces)
-    except BaseException:
-      writer.abort()
-      raise
-    writer.close()
-  return names, mine
+  mine = [(name, shard) for name, shard, owner in zip(names, shards, owners) if owner == processes.index]
+  items = [(tensor, parts) for _, shard in mine for tensor in shard for parts in tensor.pieces]
+  pieces = _ReadAhead(items, _OpenLeaves(reader, read_cache_bytes), read_ahead_bytes)
+  try:
+    arriving = iter(pieces)
+    for file_name, shard in mine:
+      writer = SafetensorsStreamWriter(storage.join(directory, file_name), [t.spec for t in shard])
+      try:
+        for _ in range(sum(len(t.pieces) for t in shard)):
+          tensor, value = next(arriving)
+          writer.write(tensor.name, value, piece=tensor.in_pieces)
+      except BaseException:
+        writer.abort()
+        raise
+      writer.close()
+  finally:
+    pieces.close()
+  return names, [name for name, _ in mine]
 
 
 def _staging_for(output_dir: str) -> str:
@@ -192,6 +262,7 @@ def convert_to_huggingface(
     hf_config_path: str | None = None,
     target_model: str | None = None,
     read_cache_bytes: int = DEFAULT_READ_CACHE_BYTES,
+    read_ahead_bytes: int = DEFAULT_READ_AHEAD_BYTES,
     processes: Processes = Processes(),
 ) -> ToHuggingFaceResult:
   """Writes `checkpoint_path` (OUT/0/items) as an HF checkpoint directory `output_dir`; see the module docstring.
@@ -217,7 +288,8 @@ def convert_to_huggingface(
     staging = output_dir if storage.is_remote(output_dir) else _staging_for(output_dir)
   try:
     shards = [[plan.tensors[i] for i in shard] for shard in assign_shards([t.spec for t in plan.tensors], limit)]
-    names, mine = _write_shards(plan, reader, staging, shards, read_cache_bytes, processes)
+    names, mine = _write_shards(plan, reader, staging, shards, read_cache_bytes, read_ahead_bytes,
+                                processes)
     processes_lib.barrier("shards written", processes)
     if processes.is_primary:
       if len(names) > 1:

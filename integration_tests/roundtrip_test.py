@@ -307,6 +307,43 @@ class RoundTripTest(parameterized.TestCase):
         self.assertLessEqual(read_bytes * 4, leaf_bytes, leaf)  # 4 layers (x 6 experts) per stacked leaf.
     self.assertEqual(load_tensors(out).keys(), original_tensors(model_dir).keys())
 
+  @parameterized.parameters(
+      ("llama3", "--target_vocab_size=512", "--simulated_cpu_devices_count=16", "--scan_layers=true"),
+      ("qwen3_moe", "--simulated_cpu_devices_count=1", "--scan_layers=false"),
+      ("deepseek3", "--simulated_cpu_devices_count=16", "--scan_layers=true"))
+  def test_large_tensors_come_back_a_slab_of_rows_at_a_time(self, model, *flags):
+    from unittest import mock  # pylint: disable=g-import-not-at-top
+
+    from converter import checkpoint_reader  # pylint: disable=g-import-not-at-top
+
+    model_dir, _ = tiny_model(model)
+    items = to_maxtext(model_dir, "--save_dtype=float32", *flags)
+    whole = os.path.join(harness.scratch_dir("inprocess-"), "hf")
+    to_huggingface.convert_to_huggingface(items, whole, max_shard_size="1MB")
+    reads = []
+    real_read = checkpoint_reader.OpenArray.read
+
+    def recording_read(self_, index):
+      value = real_read(self_, index)
+      reads.append(("/".join(self_.array.path[2:]), value.nbytes))
+      return value
+
+    sliced = os.path.join(harness.scratch_dir("inprocess-"), "hf")
+    with mock.patch.object(reverse_plan, "ROW_BLOCK_BYTES", 4096), \
+         mock.patch.object(checkpoint_reader.OpenArray, "read", recording_read):
+      to_huggingface.convert_to_huggingface(items, sliced, max_shard_size="1MB")
+    self.assertEqual(sorted(os.listdir(sliced)), sorted(os.listdir(whole)))
+    for name in os.listdir(whole):
+      with open(os.path.join(sliced, name), "rb") as a, open(os.path.join(whole, name), "rb") as b:
+        self.assertEqual(a.read(), b.read(), name)
+    embedding = [n for leaf, n in reads if leaf == "token_embedder/embedding"]
+    self.assertGreater(len(embedding), 8)
+    self.assertLessEqual(max(embedding), 4096)
+    queries = [n for leaf, n in reads if leaf.endswith(("query/kernel", "wq_b/kernel"))]
+    query_bytes = [a.nbytes for name, a in load_tensors(whole).items()
+                   if name.endswith(("q_proj.weight", "q_b_proj.weight"))]
+    self.assertLessEqual(max(queries) * 2, min(query_bytes))  # Whole heads at a time, not the whole projection.
+
   # --- failing cleanly ------------------------------------------------------------------------------------------
 
   _converted_qwen3: str | None = None

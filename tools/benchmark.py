@@ -47,6 +47,8 @@ flags.DEFINE_float("memory_limit_gib", None, "Run each conversion in a memory cg
                    " included): a model larger than the memory it may use, on a machine whose disk cannot hold one"
                    " larger than its RAM. Needs root and a cgroup v1 or v2 memory controller.")
 
+flags.DEFINE_boolean("reverse", True, "Also convert each output back to HuggingFace, against its own floors:"
+                     " reading the checkpoint + writing the safetensors, and zstd decompression.")
 flags.DEFINE_integer("shard_mb", 4096, "Largest safetensors shard of the synthetic checkpoint, in MiB (one tensor"
                      " larger than it gets a shard of its own).")
 flags.DEFINE_list("processes", [], "Also convert with several processes (one device each, joined on 127.0.0.1):"
@@ -117,37 +119,46 @@ def run_sampled(command: list[str], env: dict[str, str]) -> tuple[float, int, su
   return wall, peak, subprocess.CompletedProcess(command, child.returncode, stdout, stderr)
 
 
-def io_floor(input_dir: str, scratch: str, write_ratio: float = 1.0) -> tuple[float, int]:
-  """Seconds to read every input file and write `write_ratio` times as many bytes (fsync'd); returns
-  (seconds, bytes read)."""
-  files = [os.path.join(input_dir, f) for f in sorted(os.listdir(input_dir)) if f.endswith(".safetensors")]
-  total = sum(os.path.getsize(f) for f in files)
+def _files(directory: str, suffix: str = "") -> list[str]:
+  return sorted(os.path.join(d, f) for d, _, fs in os.walk(directory) for f in fs if f.endswith(suffix))
+
+
+def io_floor(files: list[str], write_bytes: int, scratch: str) -> float:
+  """Seconds to read every byte of `files` and write `write_bytes` (fsync'd): no conversion that reads those
+  files and writes as much can beat it on this disk."""
   buffer = bytearray(64 << 20)
   os.makedirs(scratch, exist_ok=True)
   out_path = os.path.join(scratch, "floor.bin")
+  left = write_bytes
   start = time.monotonic()
   with open(out_path, "wb", buffering=0) as out:
     for path in files:
       with open(path, "rb", buffering=0) as f:
         while n := f.readinto(buffer):
-          for _ in range(int(write_ratio)):
-            out.write(memoryview(buffer)[:n])
-          if write_ratio % 1:
-            out.write(memoryview(buffer)[: int(n * (write_ratio % 1))])
+          while n and left > 0:  # Writes as much as was read, until `write_bytes`; then the rest below.
+            chunk = min(n, left)
+            out.write(memoryview(buffer)[:chunk])
+            left -= chunk
+            n -= chunk
+    while left > 0:
+      chunk = min(len(buffer), left)
+      out.write(memoryview(buffer)[:chunk])
+      left -= chunk
     os.fsync(out.fileno())
   seconds = time.monotonic() - start
   os.remove(out_path)
-  return seconds, total
+  return seconds
 
 
-def compression_floor(input_dir: str, nbytes: int, scratch: str) -> float:
+def compression_floors(input_dir: str, nbytes: int, scratch: str) -> tuple[float, float]:
   """Seconds to push `nbytes` of the input's tensor bytes (repeated when the output is larger, as a dequantized
   FP8 checkpoint is) through the codec Orbax writes with, zstd level 3 in a zarr3 array on the local disk,
-  through tensorstore on every core: the other floor a conversion cannot beat, beside the I/O one."""
+  through tensorstore on every core, and to read them back: the other floors a conversion cannot beat, beside
+  the I/O one (encoding for the conversion to MaxText, decoding for the reverse)."""
   import tensorstore as ts  # pylint: disable=g-import-not-at-top
 
   piece = 64 << 20
-  files = [os.path.join(input_dir, f) for f in sorted(os.listdir(input_dir)) if f.endswith(".safetensors")]
+  files = _files(input_dir, ".safetensors")
   count = -(-nbytes // piece)
   path = os.path.join(scratch, "compression-floor.zarr")
   shutil.rmtree(path, ignore_errors=True)
@@ -168,17 +179,22 @@ def compression_floor(input_dir: str, nbytes: int, scratch: str) -> float:
             left -= 1
             yield np.frombuffer(data, np.uint16)
 
-  pending = []
-  start = time.monotonic()
-  for i, values in enumerate(pieces()):
-    pending.append(store[i * (piece // 2):(i + 1) * (piece // 2)].write(values))
-    if len(pending) >= 4:
-      pending.pop(0).result()
-  for future in pending:
-    future.result()
-  seconds = time.monotonic() - start
+  def four_in_flight(calls) -> float:
+    pending = []
+    start = time.monotonic()
+    for call in calls:
+      pending.append(call())
+      if len(pending) >= 4:
+        pending.pop(0).result()
+    for future in pending:
+      future.result()
+    return time.monotonic() - start
+
+  window = lambda i: store[i * (piece // 2):(i + 1) * (piece // 2)]
+  encode = four_in_flight(lambda i=i, values=values: window(i).write(values) for i, values in enumerate(pieces()))
+  decode = four_in_flight(lambda i=i: window(i).read() for i in range(count))
   shutil.rmtree(path, ignore_errors=True)
-  return seconds
+  return encode, decode
 
 
 def start_up_seconds(runs: int) -> float:
@@ -383,6 +399,21 @@ def _bucket_runs(input_dir: str, env: dict[str, str], cgroup: MemoryCgroup | Non
       shutil.rmtree(emulator.root, ignore_errors=True)
 
 
+def _reverse_command(items_path: str, output_dir: str) -> list[str]:
+  return [sys.executable, os.path.join(_REPO, "converter", "main.py"), "--direction=to_huggingface",
+          f"--checkpoint_path={items_path}", f"--output_dir={output_dir}", "--noprogress"]
+
+
+def _row(label: str, devices: str, wall: float, peak: float, out_bytes: int | str, moved_bytes: int, io: float,
+         codec: float | None, note: str = "") -> str:
+  size = f"{moved_bytes / 1e9:.1f} GB"
+  out = f"{out_bytes / 1e9:.2f} GB" if isinstance(out_bytes, int) else out_bytes
+  floor = max(io, codec or 0.0)
+  return (f"| {label} | {size} | {devices} | {'on' if FLAGS.scan_layers else 'off'} | {wall:.1f} s |"
+          f" {peak / 2**30:.2f} GiB | {out} | {moved_bytes / wall / 1e6:.0f} MB/s | {io:.1f} s |"
+          f" {'' if codec is None else f'{codec:.1f} s'} | {wall / floor:.2f}{note} |")
+
+
 def main(argv: list[str]) -> None:
   del argv
   target = int(FLAGS.size_gb * 1e9)
@@ -400,24 +431,38 @@ def main(argv: list[str]) -> None:
     quantized = "quantization_config" in json.load(f)
   native = quantized and _has_native_fp8(input_dir)
   output_dir = os.path.join(FLAGS.work_dir, "out")
+  back_dir = os.path.join(FLAGS.work_dir, "back")
   copy_dir = os.path.join(FLAGS.work_dir, "dequantized")
   env = dict(os.environ, PYTHONPATH=_REPO)
   cgroup = MemoryCgroup(int(FLAGS.memory_limit_gib * 2**30)) if FLAGS.memory_limit_gib else None
+  input_files = _files(input_dir, ".safetensors")
   input_bytes = sum(os.path.getsize(os.path.join(input_dir, f)) for f in os.listdir(input_dir))
-  floors, native_floors, rows, native_rows, compression = [], [], [], [], []
+  output_floor_bytes = input_bytes * (2 if quantized else 1)  # FP8 becomes bfloat16.
+  floors, native_floors, encodes, decodes, reverse_floors = [], [], [], [], []
+  rows, native_rows, reverse_rows = [], [], []
   for devices in FLAGS.devices:
-    walls, peaks, routes, native_runs = [], [], [], []
+    walls, peaks, routes, native_runs, reverse_runs = [], [], [], [], []
     for _ in range(FLAGS.runs):
       shutil.rmtree(output_dir, ignore_errors=True)  # Disk: input + the floor's copy must fit, not + output too.
-      floors.append(io_floor(input_dir, FLAGS.work_dir, 2.0 if quantized else 1.0)[0])
-      compression.append(compression_floor(input_dir, input_bytes * (2 if quantized else 1), FLAGS.work_dir))
+      floors.append(io_floor(input_files, output_floor_bytes, FLAGS.work_dir))
+      encode, decode = compression_floors(input_dir, output_floor_bytes, FLAGS.work_dir)
+      encodes.append(encode)
+      decodes.append(decode)
       wall, peak = _run(f"devices={devices}", _convert_command(input_dir, output_dir, devices), env, cgroup)
       walls.append(wall)
       peaks.append(peak)
       out_bytes = _du(output_dir)
+      if FLAGS.reverse:
+        shutil.rmtree(back_dir, ignore_errors=True)
+        reverse_wall, reverse_peak = _run("  back to HuggingFace", _reverse_command(
+            os.path.join(output_dir, "0", "items"), back_dir), env, cgroup)
+        back_bytes = _du(back_dir)
+        shutil.rmtree(back_dir, ignore_errors=True)
+        reverse_floors.append(io_floor(_files(output_dir), back_bytes, FLAGS.work_dir))
+        reverse_runs.append((reverse_wall, reverse_peak, back_bytes))
       if native:
         shutil.rmtree(output_dir, ignore_errors=True)
-        native_floors.append(io_floor(input_dir, FLAGS.work_dir, 1.0)[0])
+        native_floors.append(io_floor(input_files, input_bytes, FLAGS.work_dir))
         native_wall, native_peak = _run("  --keep_fp8", _convert_command(input_dir, output_dir, devices, "--keep_fp8"),
                                         env, cgroup)
         native_runs.append((native_wall, native_peak, _du(output_dir)))
@@ -431,34 +476,35 @@ def main(argv: list[str]) -> None:
                                     cgroup)
         routes.append((pass_wall, pass_peak, copy_wall, copy_peak))
         shutil.rmtree(copy_dir, ignore_errors=True)
+    median = lambda runs, k: statistics.median(r[k] for r in runs)
     rows.append((devices, statistics.median(walls), statistics.median(peaks), out_bytes,
-                 [statistics.median(r[k] for r in routes) for k in range(4)] if routes else None))
+                 [median(routes, k) for k in range(4)] if routes else None))
     if native_runs:
-      native_rows.append((devices, *(statistics.median(r[k] for r in native_runs) for k in range(3))))
+      native_rows.append((devices, *(median(native_runs, k) for k in range(3))))
+    if reverse_runs:
+      reverse_rows.append((devices, *(median(reverse_runs, k) for k in range(3))))
   shutil.rmtree(output_dir, ignore_errors=True)
-  io = statistics.median(floors)
-  zstd = statistics.median(compression)
-  floor = max(io, zstd)
-  moved = input_bytes * (3 if quantized else 2)
-  print(f"\ninput {input_bytes / 1e9:.2f} GB; I/O floor (read input + write {'twice' if quantized else 'as much'},"
-        f" fsync) median {io:.1f} s ({moved / io / 1e9:.2f} GB/s moved); compression floor (the output's"
-        f" {input_bytes * (2 if quantized else 1) / 1e9:.2f} GB through zstd level 3, Orbax's zarr3 codec, via"
-        f" tensorstore) median {zstd:.1f} s; start-up (the bundled tiny checkpoint) {start_up_seconds(3):.2f} s")
-  print("| model | size | devices | scan | wall (median) | peak RSS | output | throughput | I/O floor |"
+  io, encode, decode = (statistics.median(x) for x in (floors, encodes, decodes))
+  print(f"\ninput {input_bytes / 1e9:.2f} GB; I/O floor (read the input + write"
+        f" {output_floor_bytes / 1e9:.2f} GB, fsync) median {io:.1f} s; compression floor (the"
+        f" {output_floor_bytes / 1e9:.2f} GB through zstd level 3, Orbax's zarr3 codec, via tensorstore on every core)"
+        f" median {encode:.1f} s, decompression (reading them back) {decode:.1f} s; start-up (the bundled tiny"
+        f" checkpoint) {start_up_seconds(3):.2f} s")
+  print("| conversion | size | devices | scan | wall (median) | peak RSS | output | throughput | I/O floor |"
         " compression floor | wall / max(floors) |")
   print("|---|---|---|---|---|---|---|---|---|---|---|")
-  for devices, wall, peak, out_bytes, route in rows:
-    print(f"| {FLAGS.family} | {input_bytes / 1e9:.1f} GB | {devices} | {'on' if FLAGS.scan_layers else 'off'} |"
-          f" {wall:.1f} s | {peak / 2**30:.2f} GiB | {out_bytes / 1e9:.2f} GB | {input_bytes / wall / 1e6:.0f} MB/s |"
-          f" {io:.1f} s | {zstd:.1f} s | {wall / floor:.2f} |")
+  for devices, wall, peak, out_bytes, _ in rows:
+    print(_row(f"{FLAGS.family} -> MaxText", devices, wall, peak, out_bytes, input_bytes, io, encode))
+  if reverse_rows:
+    reverse_io = statistics.median(reverse_floors)
+    for devices, wall, peak, back_bytes in reverse_rows:
+      print(_row("MaxText -> HuggingFace", devices, wall, peak, back_bytes, back_bytes, reverse_io, decode))
   if native_rows:
     native_floor = statistics.median(native_floors)
     for devices, wall, peak, out_bytes in native_rows:
-      print(f"| {FLAGS.family}, --keep_fp8 (native fp8 output) | {input_bytes / 1e9:.1f} GB | {devices} |"
-            f" {'on' if FLAGS.scan_layers else 'off'} | {wall:.1f} s | {peak / 2**30:.2f} GiB |"
-            f" {out_bytes / 1e9:.2f} GB | {input_bytes / wall / 1e6:.0f} MB/s | {native_floor:.1f} s (read + write"
-            f" as much) | | {wall / native_floor:.2f} (I/O) |")
-  _print_route_rows(rows, input_bytes, io, zstd)
+      print(_row(f"{FLAGS.family} -> MaxText, --keep_fp8 (native fp8 output)", devices, wall, peak, out_bytes,
+                 input_bytes, native_floor, None, " (I/O)"))
+  _print_route_rows(rows, input_bytes, io, encode)
   if FLAGS.processes:
     _scaling_runs(input_dir, input_bytes, env)
   if FLAGS.bucket:
@@ -473,9 +519,9 @@ def _print_route_rows(rows: list, input_bytes: int, io: float, zstd: float) -> N
   for devices, wall, _, _, route in rows:
     if route:
       pass_wall, pass_peak, copy_wall, copy_peak = route
-      print(f"| {FLAGS.family}, dequantize-then-convert (MaxText's route) | {input_bytes / 1e9:.1f} GB | {devices} |"
-            f" {'on' if FLAGS.scan_layers else 'off'} | {pass_wall + copy_wall:.1f} s ({pass_wall:.1f} s pass +"
-            f" {copy_wall:.1f} s conversion) | {max(pass_peak, copy_peak) / 2**30:.2f} GiB (bf16 conversion"
+      print(f"| {FLAGS.family} -> MaxText, dequantize-then-convert (MaxText's route) | {input_bytes / 1e9:.1f} GB |"
+            f" {devices} | {'on' if FLAGS.scan_layers else 'off'} | {pass_wall + copy_wall:.1f} s ({pass_wall:.1f} s"
+            f" pass + {copy_wall:.1f} s conversion) | {max(pass_peak, copy_peak) / 2**30:.2f} GiB (bf16 conversion"
             f" {copy_peak / 2**30:.2f} GiB) | | | {io:.1f} s | {zstd:.1f} s | {(pass_wall + copy_wall) / floor:.2f}"
             f" ({(pass_wall + copy_wall) / wall:.2f}x the direct conversion) |")
 

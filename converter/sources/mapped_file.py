@@ -8,6 +8,8 @@ import threading
 
 import numpy as np
 
+from converter.arrays import as_bits
+
 _maps: dict[str, mmap.mmap] = {}
 _maps_lock = threading.Lock()
 _FAULT_AROUND = 2 << 20  # The largest folio the page cache maps at once (a PMD).
@@ -38,7 +40,10 @@ def read(path: str, begin: int, stored: np.dtype, shape: tuple[int, ...], slices
   raw = np.frombuffer(mapped, dtype=np.uint8, count=int(np.prod(shape, dtype=np.int64)) * stored.itemsize,
                       offset=begin)
   view = raw.view(stored).reshape(shape)[slices]
-  copy = np.array(view, dtype=dtype, order="C", copy=True)
+  if view.dtype == dtype:
+    copy = np.array(as_bits(view), order="C", copy=True).view(dtype)
+  else:
+    copy = np.array(view, dtype=dtype, order="C", copy=True)
   del raw, view
   first, last = span
   if last > first:
