@@ -123,11 +123,16 @@ class FromTensor:
     block[slabs.axis] = max(1, ROW_BLOCK_BYTES // index_bytes)
     return tuple(block)
 
-  def __call__(self) -> np.ndarray:
-    x = self.tensor.read(self.dtype, self.lead)  # A private copy: the ops below never see the file map.
-    for op in self.ops:
+  def _read(self, region: tuple, ops: tuple[Op, ...]) -> np.ndarray:
+    """The source region with `ops` applied; a leading 2-D transpose is done by the source as it copies."""
+    transpose = bool(ops) and isinstance(ops[0], ops_lib.Transpose) and len(self._part_shape) == 2
+    x = self.tensor.read(self.dtype, region, transpose=transpose)  # A private copy: the ops never see the map.
+    for op in ops[1:] if transpose else ops:
       x = op(x)
     return x
+
+  def __call__(self) -> np.ndarray:
+    return self._read(self.lead, self.ops)
 
   def region(self, index: tuple[slice, ...]) -> np.ndarray:
     slabs = self._slabs
@@ -136,9 +141,7 @@ class FromTensor:
     start, stop, _ = index[slabs.axis].indices(self.shape[slabs.axis])
     stored = self._part_shape[0]  # Rows past the stored ones are padding (a vocabulary padded for MaxText).
     rows = slice(min(start * slabs.unit, stored), min(stop * slabs.unit, stored))
-    x = self.tensor.read(self.dtype, self.lead + (rows,))
-    for op in slab_ops(self.ops, slabs, stop - start):
-      x = op(x)
+    x = self._read(self.lead + (rows,), slab_ops(self.ops, slabs, stop - start))
     return x[tuple(slice(None) if axis == slabs.axis else s for axis, s in enumerate(index))]
 
 

@@ -21,6 +21,7 @@ is Gemma's `w + 1` norm storage (within 1 ulp of |w| + 1). Vocab padding rows ar
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import dataclasses
 import json
 import os
@@ -75,21 +76,26 @@ def written_config(plan: ReversePlan) -> dict[str, Any]:
 
 
 class _OpenLeaves:
-  """The stored arrays the current tensor reads, each with its chunk cache; others are closed first."""
+  """The stored arrays the pieces being read need, each with its chunk cache; safe to use from several threads."""
 
   def __init__(self, reader: CheckpointReader, read_cache_bytes: int):
     self._reader = reader
     self._cache_bytes = read_cache_bytes
     self._open: dict[tuple[str, ...], OpenArray] = {}
+    self._lock = threading.Lock()
 
-  def keep_only(self, leaves: tuple[tuple[str, ...], ...]) -> None:
-    for key in [k for k in self._open if k not in leaves]:
-      del self._open[key]  # Frees that leaf's chunk cache before another one fills.
+  def keep_only(self, leaves: set[tuple[str, ...]]) -> None:
+    with self._lock:
+      for key in [k for k in self._open if k not in leaves]:
+        del self._open[key]  # Frees that leaf's chunk cache before another one fills.
 
   def read(self, part: HfPart) -> np.ndarray:
-    if part.leaf not in self._open:
-      self._open[part.leaf] = self._reader.open(self._reader.arrays[part.leaf], part.index, self._cache_bytes)
-    value = self._open[part.leaf].read(part.index)
+    with self._lock:
+      opened = self._open.get(part.leaf)
+      if opened is None:
+        opened = self._open[part.leaf] = self._reader.open(self._reader.arrays[part.leaf], part.index,
+                                                           self._cache_bytes)
+    value = opened.read(part.index)
     for op in part.ops:
       value = op(value)
     return value
@@ -107,67 +113,53 @@ def _piece(tensor: HfTensor, parts: tuple[HfPart, ...], leaves: _OpenLeaves) -> 
 
 
 class _ReadAhead:
-  """The pieces of `items` (tensor, parts) in order, read on a worker thread while the caller writes earlier ones;
-  at most `max_bytes` of pieces read and not yet written exist at once (a larger piece still passes, alone).
+  """The pieces of `items` (tensor, parts) in order, read by worker threads ahead of the caller, who writes them;
+  at most `max_bytes` of pieces read (or being read) and not yet written at once (a larger piece still passes,
+  alone).
 
-  Reading (decoding zstd chunks, undoing the ops) and writing (the kernel copying into the page cache) each take
-  about half of a reverse conversion's time; overlapped, the slower of the two sets the pace.
+  A read decodes zstd chunks on one core and a write is the kernel copying into the page cache: read one after
+  the other, the pieces took twice the slower of the two. Several reads in flight decode chunks on every core
+  while the caller writes. Only the leaves the pieces in flight need stay open, so their chunk caches are all
+  that is cached.
   """
 
-  def __init__(self, items: list[tuple[HfTensor, tuple[HfPart, ...]]], leaves: _OpenLeaves, max_bytes: int):
-    self._max_bytes = max_bytes
-    self._condition = threading.Condition()
-    self._ready: collections.deque = collections.deque()
-    self._alive_bytes = 0  # Read and not yet written, including the piece the caller holds.
-    self._held = 0
-    self._stopped = False
-    self._thread = threading.Thread(target=self._read_all, args=(items, leaves), name="hf2maxtext-read-ahead",
-                                    daemon=True)
-    self._thread.start()
+  WORKERS = 4
 
-  def _read_all(self, items, leaves: _OpenLeaves) -> None:
-    try:
-      for tensor, parts in items:
-        expected = tensor.nbytes // len(tensor.pieces)
-        with self._condition:
-          while self._alive_bytes and self._alive_bytes + expected > self._max_bytes and not self._stopped:
-            self._condition.wait()
-          if self._stopped:
-            return
-        leaves.keep_only(tensor.leaves)
-        value = _piece(tensor, parts, leaves)
-        with self._condition:
-          self._ready.append((tensor, value))
-          self._alive_bytes += value.nbytes
-          self._condition.notify_all()
-      outcome: Any = None
-    except BaseException as e:  # pylint: disable=broad-except  Raised in the caller's thread.
-      outcome = e
-    with self._condition:
-      self._ready.append(outcome)
-      self._condition.notify_all()
+  def __init__(self, items: list[tuple[HfTensor, tuple[HfPart, ...]]], leaves: _OpenLeaves, max_bytes: int):
+    self._items = items
+    self._leaves = leaves
+    self._max_bytes = max_bytes
+    self._pool = concurrent.futures.ThreadPoolExecutor(self.WORKERS, thread_name_prefix="hf2maxtext-read")
+    self._in_flight: collections.deque = collections.deque()
+
+  @staticmethod
+  def _expected_bytes(tensor: HfTensor) -> int:
+    return tensor.nbytes // len(tensor.pieces)
 
   def __iter__(self):
-    while True:
-      with self._condition:
-        self._alive_bytes -= self._held  # The caller has written the piece it held.
-        self._held = 0
-        self._condition.notify_all()
-        while not self._ready:
-          self._condition.wait()
-        item = self._ready.popleft()
-      if item is None:
-        return
-      if isinstance(item, BaseException):
-        raise item
-      self._held = item[1].nbytes
-      yield item
+    alive = 0
+    submitted = 0
+    for _ in range(len(self._items)):
+      while submitted < len(self._items) and len(self._in_flight) < 2 * self.WORKERS:
+        tensor, parts = self._items[submitted]
+        if self._in_flight and alive + self._expected_bytes(tensor) > self._max_bytes:
+          break
+        self._leaves.keep_only({p.leaf for _, in_flight, _ in self._in_flight for p in in_flight} |
+                               {p.leaf for p in parts})
+        self._in_flight.append((tensor, parts, self._pool.submit(_piece, tensor, parts, self._leaves)))
+        alive += self._expected_bytes(tensor)
+        submitted += 1
+      tensor, _, future = self._in_flight[0]
+      value = future.result()  # Raises the read's error, in order.
+      self._in_flight.popleft()
+      yield tensor, value
+      alive -= self._expected_bytes(tensor)
+      del value
 
   def close(self) -> None:
-    with self._condition:
-      self._stopped = True
-      self._condition.notify_all()
-    self._thread.join()
+    for _, _, future in self._in_flight:
+      future.cancel()
+    self._pool.shutdown(wait=True)
 
 
 def _write_shards(plan: ReversePlan, reader: CheckpointReader, directory: str, shards: list[list[HfTensor]],

@@ -44,7 +44,7 @@ class HeaderOnlyTensor:
   def stored_names(self) -> tuple[str, ...]:
     return (self.name,)
 
-  def read(self, dtype=None, region=()):
+  def read(self, dtype=None, region=(), transpose=False):
     raise AssertionError(f"{self.name}: a golden test reads no weights")
 
 

@@ -54,8 +54,12 @@ class SourceTensor(Protocol):
   def stored_names(self) -> tuple[str, ...]:
     """The stored tensors it is made of (itself, or a quantized weight and its scales)."""
 
-  def read(self, dtype: np.dtype | None = None, region: Region = ()) -> np.ndarray:
-    """A fresh C-contiguous array of `region`, in `dtype`; only the bytes the region needs are read."""
+  def read(self, dtype: np.dtype | None = None, region: Region = (), transpose: bool = False) -> np.ndarray:
+    """A fresh C-contiguous array of `region`, in `dtype`; only the bytes the region needs are read.
+
+    `transpose`: with its last two axes swapped (an HF (out, in) weight as a MaxText (in, out) kernel); a source
+    that copies out of a file map swaps them as it copies, one pass over the bytes instead of two.
+    """
 
 
 class TensorSource(Protocol):

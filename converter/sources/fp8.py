@@ -21,6 +21,7 @@ from typing import Any, Mapping
 import ml_dtypes
 import numpy as np
 
+from converter.arrays import transpose_last_two
 from converter.errors import ConversionError
 from converter.sources.base import QuantizedSource, Region, SourceTensor, as_slices, squeeze_ints
 from converter.sources.safetensors import SafetensorsSource, TensorInfo
@@ -63,7 +64,7 @@ class Fp8BlockTensor:
   def stored_names(self) -> tuple[str, ...]:
     return (self.weight.name, self.scale.name)
 
-  def read(self, dtype: np.dtype | None = None, region: Region = ()) -> np.ndarray:
+  def read(self, dtype: np.dtype | None = None, region: Region = (), transpose: bool = False) -> np.ndarray:
     """Dequantizes one row of blocks at a time into the output: the float32 products never exceed one block row
     (a DeepSeek expert: 128 x 7168 values, 3.7 MB), whatever the region's size."""
     slices = as_slices(self.shape, region)
@@ -79,7 +80,8 @@ class Fp8BlockTensor:
       values = to_float32(self.weight.read(None, (*lead, slice(start, stop), cols)))
       values *= per_column[..., j : j + 1, :]
       out[..., start - rows.start : stop - rows.start, :] = values  # Rounded once, to the output's dtype.
-    return squeeze_ints(out, region)
+    out = squeeze_ints(out, region)
+    return transpose_last_two(out) if transpose else out
 
 
 def _decode_tables(dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:

@@ -8,7 +8,7 @@ import threading
 
 import numpy as np
 
-from converter.arrays import as_bits
+from converter.arrays import as_bits, transpose_last_two
 
 _maps: dict[str, mmap.mmap] = {}
 _maps_lock = threading.Lock()
@@ -29,9 +29,9 @@ def _file_map(path: str) -> mmap.mmap:
 
 
 def read(path: str, begin: int, stored: np.dtype, shape: tuple[int, ...], slices: tuple[slice, ...],
-         span: tuple[int, int], dtype: np.dtype) -> np.ndarray:
+         span: tuple[int, int], dtype: np.dtype, transpose: bool = False) -> np.ndarray:
   """A C-ordered private copy of `[slices]` of the tensor stored at byte `begin` of `path`, cast to `dtype`;
-  `span` is the absolute byte range the slices touch.
+  `span` is the absolute byte range the slices touch; `transpose` swaps the last two axes as it copies.
 
   The pages are file-backed and would otherwise count towards the resident memory until the whole checkpoint had
   been read, so they are dropped after the copy.
@@ -40,7 +40,9 @@ def read(path: str, begin: int, stored: np.dtype, shape: tuple[int, ...], slices
   raw = np.frombuffer(mapped, dtype=np.uint8, count=int(np.prod(shape, dtype=np.int64)) * stored.itemsize,
                       offset=begin)
   view = raw.view(stored).reshape(shape)[slices]
-  if view.dtype == dtype:
+  if transpose:
+    copy = transpose_last_two(view if view.dtype == dtype else np.array(view, dtype=dtype))
+  elif view.dtype == dtype:
     copy = np.array(as_bits(view), order="C", copy=True).view(dtype)
   else:
     copy = np.array(view, dtype=dtype, order="C", copy=True)

@@ -61,7 +61,7 @@ class Mxfp4Tensor:
   def stored_names(self) -> tuple[str, ...]:
     return (self.blocks.name, self.scales.name)
 
-  def read(self, dtype: np.dtype | None = None, region: Region = ()) -> np.ndarray:
+  def read(self, dtype: np.dtype | None = None, region: Region = (), transpose: bool = False) -> np.ndarray:
     """Unpacks a few stored (out) rows at a time into the transposed output, so the float32 intermediates stay
     small (`_OUT_ROWS` x in values) whatever the region's size."""
     slices = as_slices(self.shape, region)
@@ -78,7 +78,8 @@ class Mxfp4Tensor:
       values = np.ldexp(values, exponents[..., None]).reshape(packed.shape[:-2] + (-1,))
       values = values[..., first : first + rows.stop - rows.start]
       out[..., start - cols.start : stop - cols.start] = transpose_last_two(values)
-    return squeeze_ints(out, region)
+    out = squeeze_ints(out, region)
+    return transpose_last_two(out) if transpose else out
 
 
 def mxfp4_source(plain: SafetensorsSource, quantization_config: Mapping[str, Any],

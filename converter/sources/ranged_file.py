@@ -7,17 +7,19 @@ from __future__ import annotations
 import numpy as np
 
 from converter import storage
+from converter.arrays import transpose_last_two
 
 
 def read(path: str, begin: int, stored: np.dtype, shape: tuple[int, ...], slices: tuple[slice, ...],
-         span: tuple[int, int], dtype: np.dtype) -> np.ndarray:
+         span: tuple[int, int], dtype: np.dtype, transpose: bool = False) -> np.ndarray:
   """As mapped_file.read, for an object in a bucket."""
   del begin  # `span` is absolute.
   first, last = span
   region = tuple(s.stop - s.start for s in slices) + tuple(shape[len(slices):])
   if last <= first:
-    return np.zeros(region, dtype)
+    return np.zeros(region[:-2] + (region[-1], region[-2]) if transpose else region, dtype)
   data = np.frombuffer(storage.read_bytes(path, first, last), dtype=stored)
   strides = tuple(int(np.prod(shape[k + 1:], dtype=np.int64)) * stored.itemsize for k in range(len(shape)))
   view = np.lib.stride_tricks.as_strided(data, region, strides, writeable=False)
-  return np.array(view, dtype=dtype, order="C")
+  return transpose_last_two(view if view.dtype == dtype else np.array(view, dtype=dtype)) if transpose else (
+      np.array(view, dtype=dtype, order="C"))

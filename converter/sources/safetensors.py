@@ -21,6 +21,7 @@ import ml_dtypes
 import numpy as np
 
 from converter import storage
+from converter.arrays import transpose_last_two
 from converter.errors import ConversionError
 from converter.sources import mapped_file, ranged_file
 from converter.sources.base import Region, as_slices, region_bounds, region_shape, squeeze_ints
@@ -75,20 +76,24 @@ class TensorInfo:
   def stored_names(self) -> tuple[str, ...]:
     return (self.name,)
 
-  def read(self, dtype: np.dtype | None = None, region: Region = ()) -> np.ndarray:
+  def read(self, dtype: np.dtype | None = None, region: Region = (), transpose: bool = False) -> np.ndarray:
     """A private copy of `region` (leading-axis ints and slices), cast to `dtype` (no float32 round trip when the
-    dtypes already match), from a memory map (local files) or one ranged request (buckets)."""
+    dtypes already match), from a memory map (local files) or one ranged request (buckets); `transpose` swaps
+    its last two axes."""
     try:
       slices = as_slices(self.shape, region)
     except ValueError as e:
       raise ConversionError(f"{self.path}: tensor {self.name!r} {self.shape}: {e}") from e
     reader = ranged_file if storage.is_remote(self.path) else mapped_file
     try:
+      # Swapped while copying out of the file unless an int indexes one of the two axes (then after).
+      in_copy = transpose and all(isinstance(i, slice) for i in region[len(self.shape) - 2:])
       copy = reader.read(self.path, self.begin, self.dtype, self.shape, slices, self._byte_span(region),
-                         dtype if dtype is not None else self.dtype)
+                         dtype if dtype is not None else self.dtype, transpose=in_copy)
     except (OSError, ValueError) as e:
       raise ConversionError(f"{self.path}: cannot read tensor {self.name!r}: {e}") from e
-    return squeeze_ints(copy, region)
+    value = squeeze_ints(copy, region)
+    return transpose_last_two(value) if transpose and not in_copy else value
 
   def _byte_span(self, region: Region) -> tuple[int, int]:
     """Absolute offsets of the first and one past the last byte `region` touches."""

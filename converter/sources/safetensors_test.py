@@ -32,6 +32,17 @@ class SafetensorsSourceTest(absltest.TestCase):
       np.testing.assert_array_equal(value, self.stacked[region])
       self.assertTrue(value.flags.c_contiguous and value.flags.writeable)
 
+  def test_transposed_regions_swap_the_last_two_axes(self):
+    tensor = self.source.tensors["stacked"]
+    # (slice, int): the int indexes one of the two axes, so they are swapped after the copy, not during it.
+    for region in [(), (slice(1, 3),), (2,), (4, slice(2, 6)), (slice(0, 5), 5)]:
+      for dtype in (None, np.float32):
+        value = tensor.read(dtype, region, transpose=True)
+        expected = self.stacked[region].astype(dtype or ml_dtypes.bfloat16)
+        np.testing.assert_array_equal(value, np.swapaxes(expected, -1, -2))
+        self.assertEqual(value.dtype, expected.dtype)
+        self.assertTrue(value.flags.c_contiguous)
+
   def test_cast_is_exact_and_bfloat16_stays_bfloat16(self):
     tensor = self.source.tensors["stacked"]
     self.assertEqual(tensor.read().dtype, ml_dtypes.bfloat16)
