@@ -47,7 +47,7 @@ flags.DEFINE_boolean("overwrite", False, "Replace an existing checkpoint at OUTP
 flags.DEFINE_string("target_model", None, "MaxText model the checkpoint is for (default: inferred from config.json).")
 flags.DEFINE_integer("target_vocab_size", None, "Zero-pad the vocabulary to this size (MaxText configs may round up).")
 flags.DEFINE_boolean("allow_unused_tensors", False, "Warn about, rather than refuse, tensors the family does not use.")
-flags.DEFINE_integer("max_inflight_bytes", 256 << 20, "Most bytes of materialised blocks alive at once while saving"
+flags.DEFINE_integer("max_inflight_bytes", 128 << 20, "Most bytes of materialised blocks alive at once while saving"
                      " (to_huggingface: of pieces read ahead of the writes).")
 flags.DEFINE_boolean("dry_run", False, "Read only config.json and the safetensors headers; print the plan and exit.")
 flags.DEFINE_boolean("verify", False, "After saving, re-read every leaf block by block and compare with the source.")

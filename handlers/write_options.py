@@ -6,7 +6,7 @@ import dataclasses
 import threading
 from typing import Callable
 
-DEFAULT_MAX_INFLIGHT_BYTES = 256 << 20
+DEFAULT_MAX_INFLIGHT_BYTES = 128 << 20
 
 
 @dataclasses.dataclass(frozen=True)

@@ -103,7 +103,8 @@ class StreamingMemoryTest(parameterized.TestCase):
     )
     out = harness.scratch_dir("stream-")
     stored_read = TensorInfo.read
-    with mock.patch.object(TensorInfo, "read", lambda info, *args: live.track(stored_read(info, *args))):
+    tracked_read = lambda info, *args, **kwargs: live.track(stored_read(info, *args, **kwargs))
+    with mock.patch.object(TensorInfo, "read", tracked_read):
       items = writer.save(tracked, out, lazy=True, devices=devices, max_inflight_bytes=budget,
                           custom_metadata={"scan_layers": True})
     largest_leaf = max(leaf.nbytes for leaf in plan.leaves)
