@@ -500,7 +500,8 @@ def main(argv: list[str]) -> None:
         pass_wall, pass_peak = _run("  dequantize pass", dequantize, env, cgroup)
         # The codec's floor on the bytes the conversion writes: dequantized weights compress unlike the packed
         # FP8 input (zstd took 3x as long per byte on DeepSeek-shaped ones).
-        encode, decode = in_child(compression_floors, copy_dir, output_floor_bytes, FLAGS.work_dir)
+        copy_bytes = sum(os.path.getsize(f) for f in _files(copy_dir, ".safetensors"))
+        encode, decode = in_child(compression_floors, copy_dir, copy_bytes, FLAGS.work_dir)
         encodes.append(encode)
         decodes.append(decode)
         copy_wall, copy_peak = _run("  convert the bf16 copy", _convert_command(copy_dir, output_dir, devices), env,
@@ -518,7 +519,7 @@ def main(argv: list[str]) -> None:
   io, encode, decode = (statistics.median(x) for x in (floors, encodes, decodes))
   print(f"\ninput {input_bytes / 1e9:.2f} GB; I/O floor (read the input + write"
         f" {output_floor_bytes / 1e9:.2f} GB, fsync) median {io:.1f} s; compression floor (the"
-        f" {output_floor_bytes / 1e9:.2f} GB{' of the dequantized copy' if quantized else ''} through zstd level 3,"
+        f" {'dequantized copy' if quantized else f'{output_floor_bytes / 1e9:.2f} GB'} through zstd level 3,"
         f" Orbax's zarr3 codec, via tensorstore on every core)"
         f" median {encode:.1f} s, decompression (reading them back) {decode:.1f} s; start-up (the bundled tiny"
         f" checkpoint) {start_up_seconds(3):.2f} s")
