@@ -70,10 +70,6 @@ class HfTensor:
   def piece_shape(self) -> Shape:
     return self.shape[1:] if self.in_pieces else self.shape
 
-  @property
-  def leaves(self) -> tuple[tuple[str, ...], ...]:
-    return tuple(dict.fromkeys(part.leaf for piece in self.pieces for part in piece))
-
 
 @dataclasses.dataclass(frozen=True)
 class ReversePlan:
