@@ -27,6 +27,15 @@ def assign(target: np.ndarray, value: np.ndarray) -> None:
     target[...] = value
 
 
+def private_copy(view: np.ndarray, dtype: np.dtype, transpose: bool = False) -> np.ndarray:
+  """A fresh C-contiguous copy of `view` (a file map's, a download's) in `dtype`, with its last two axes swapped
+  when `transpose`; one pass over the bytes, moved as bits, where no cast is needed."""
+  if view.dtype != dtype:
+    view = np.array(view, dtype=dtype, order="C")
+    return transpose_last_two(view) if transpose else view
+  return transpose_last_two(view) if transpose else np.array(as_bits(view), order="C", copy=True).view(dtype)
+
+
 def transpose_last_two(x: np.ndarray) -> np.ndarray:
   """`x` with its last two axes swapped, C-contiguous, copied 16 source rows at a time.
 

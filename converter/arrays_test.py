@@ -32,6 +32,18 @@ class ArraysTest(absltest.TestCase):
     arrays.assign(target[0], np.array([1.5, -2.0, 3.0], np.float32))  # A cast, not the float32 bits.
     np.testing.assert_array_equal(target[0].astype(np.float32), [1.5, -2.0, 3.0])
 
+  def test_private_copy_moves_bits_casts_and_transposes(self):
+    x = np.arange(24, dtype=np.float32).reshape(2, 3, 4).astype(ml_dtypes.bfloat16)
+    view = x[:, 1:]  # Not contiguous, like a region of a file map.
+    for dtype in (ml_dtypes.bfloat16, np.float32):
+      for transpose in (False, True):
+        copy = arrays.private_copy(view, np.dtype(dtype), transpose)
+        expected = view.astype(dtype)
+        np.testing.assert_array_equal(copy, np.swapaxes(expected, -1, -2) if transpose else expected)
+        self.assertEqual(copy.dtype, np.dtype(dtype))
+        self.assertTrue(copy.flags.c_contiguous and copy.flags.writeable)
+        self.assertFalse(np.shares_memory(copy, x))
+
 
 if __name__ == "__main__":
   absltest.main()

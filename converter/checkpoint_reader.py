@@ -122,7 +122,8 @@ def _chunks_touched(shape: Shape, chunk: Shape, index: Index) -> int:
     if axis < len(index) and not isinstance(index[axis], slice):
       continue
     start, stop, _ = index[axis].indices(size) if axis < len(index) else (0, size, 1)
-    count *= max(1, (stop - 1) // extent - start // extent + 1) if stop > start else 1
+    if stop > start:
+      count *= (stop - 1) // extent - start // extent + 1
   return count
 
 

@@ -128,6 +128,19 @@ def run_sampled(command: list[str], env: dict[str, str]) -> tuple[float, int, su
   return wall, peak, subprocess.CompletedProcess(command, child.returncode, stdout, stderr)
 
 
+def _in_flight(calls, depth: int) -> float:
+  """Seconds to run `calls` (each starts a tensorstore operation and returns its future), `depth` at a time."""
+  pending = []
+  start = time.monotonic()
+  for call in calls:
+    pending.append(call())
+    if len(pending) >= depth:
+      pending.pop(0).result()
+  for future in pending:
+    future.result()
+  return time.monotonic() - start
+
+
 def _files(directory: str, suffix: str = "") -> list[str]:
   return sorted(os.path.join(d, f) for d, _, fs in os.walk(directory) for f in fs if f.endswith(suffix))
 
@@ -189,20 +202,9 @@ def compression_floors(input_dir: str, nbytes: int, scratch: str) -> tuple[float
             left -= 1
             yield np.frombuffer(data, np.uint16)
 
-  def four_in_flight(calls) -> float:
-    pending = []
-    start = time.monotonic()
-    for call in calls:
-      pending.append(call())
-      if len(pending) >= 4:
-        pending.pop(0).result()
-    for future in pending:
-      future.result()
-    return time.monotonic() - start
-
   window = lambda i: store[i * (piece // 2):(i + 1) * (piece // 2)]
-  encode = four_in_flight(lambda i=i, values=values: window(i).write(values) for i, values in enumerate(pieces()))
-  decode = four_in_flight(lambda i=i: window(i).read() for i in range(count))
+  encode = _in_flight((lambda i=i, values=values: window(i).write(values) for i, values in enumerate(pieces())), 4)
+  decode = _in_flight((lambda i=i: window(i).read() for i in range(count)), 4)
   shutil.rmtree(path, ignore_errors=True)
   return encode, decode
 
@@ -237,7 +239,7 @@ def start_up_seconds(runs: int) -> float:
 
 
 def _du(path: str) -> int:
-  return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
+  return sum(os.path.getsize(f) for f in _files(path))
 
 
 def _convert_command(input_dir: str, output_dir: str, devices: str, *flags_: str) -> list[str]:
@@ -342,25 +344,12 @@ def bucket_floor(remote_dir: str, names: list[str], scratch: str) -> tuple[float
     ranges += [(f"{base}/{name}", a, min(a + piece, size)) for a in range(0, size, piece)]
   total = sum(b - a for _, a, b in ranges)
 
-  def in_flight(calls):
-    pending = []
-    for call in calls:
-      pending.append(call())
-      if len(pending) >= 8:
-        pending.pop(0).result()
-    for future in pending:
-      future.result()
-
-  start = time.monotonic()
-  in_flight(lambda k=k, a=a, b=b: store.read(k, byte_range=slice(a, b)) for k, a, b in ranges)
-  read = time.monotonic() - start
+  read = _in_flight((lambda k=k, a=a, b=b: store.read(k, byte_range=slice(a, b)) for k, a, b in ranges), 8)
   block = os.urandom(piece)
   _, _, scratch_base = storage.split_bucket(scratch)
   count = -(-total // piece)
-  start = time.monotonic()
-  in_flight(lambda i=i: store.write(f"{scratch_base}/{i:06d}", block) for i in range(count))
-  write = time.monotonic() - start
-  in_flight(lambda i=i: store.write(f"{scratch_base}/{i:06d}", None) for i in range(count))
+  write = _in_flight((lambda i=i: store.write(f"{scratch_base}/{i:06d}", block) for i in range(count)), 8)
+  _in_flight((lambda i=i: store.write(f"{scratch_base}/{i:06d}", None) for i in range(count)), 8)
   return read, write
 
 
@@ -390,7 +379,7 @@ def _bucket_runs(input_dir: str, env: dict[str, str], cgroup: MemoryCgroup | Non
     start = time.monotonic()
     fs.put(input_dir.rstrip("/") + "/", remote_input, recursive=True)
     upload = time.monotonic() - start
-    input_bytes = sum(os.path.getsize(os.path.join(input_dir, f)) for f in os.listdir(input_dir))
+    input_bytes = _du(input_dir)
     read, write = bucket_floor(remote_input, sorted(os.listdir(input_dir)), f"{prefix}/floor")
     floor = read + write
     where = "fake-gcs-server on 127.0.0.1" if emulator else prefix
@@ -461,7 +450,7 @@ def main(argv: list[str]) -> None:
   env = dict(os.environ, PYTHONPATH=_REPO)
   cgroup = MemoryCgroup(int(FLAGS.memory_limit_gib * 2**30)) if FLAGS.memory_limit_gib else None
   input_files = _files(input_dir, ".safetensors")
-  input_bytes = sum(os.path.getsize(os.path.join(input_dir, f)) for f in os.listdir(input_dir))
+  input_bytes = _du(input_dir)
   output_floor_bytes = input_bytes * (2 if quantized else 1)  # FP8 becomes bfloat16.
   floors, native_floors, encodes, decodes, reverse_floors = [], [], [], [], []
   rows, native_rows, reverse_rows = [], [], []

@@ -8,7 +8,7 @@ import threading
 
 import numpy as np
 
-from converter.arrays import as_bits, transpose_last_two
+from converter.arrays import private_copy
 
 _maps: dict[str, mmap.mmap] = {}
 _maps_lock = threading.Lock()
@@ -40,12 +40,7 @@ def read(path: str, begin: int, stored: np.dtype, shape: tuple[int, ...], slices
   raw = np.frombuffer(mapped, dtype=np.uint8, count=int(np.prod(shape, dtype=np.int64)) * stored.itemsize,
                       offset=begin)
   view = raw.view(stored).reshape(shape)[slices]
-  if transpose:
-    copy = transpose_last_two(view if view.dtype == dtype else np.array(view, dtype=dtype))
-  elif view.dtype == dtype:
-    copy = np.array(as_bits(view), order="C", copy=True).view(dtype)
-  else:
-    copy = np.array(view, dtype=dtype, order="C", copy=True)
+  copy = private_copy(view, dtype, transpose)
   del raw, view
   first, last = span
   if last > first:

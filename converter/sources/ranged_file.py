@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from converter import storage
-from converter.arrays import transpose_last_two
+from converter.arrays import private_copy
 
 
 def read(path: str, begin: int, stored: np.dtype, shape: tuple[int, ...], slices: tuple[slice, ...],
@@ -21,5 +21,4 @@ def read(path: str, begin: int, stored: np.dtype, shape: tuple[int, ...], slices
   data = np.frombuffer(storage.read_bytes(path, first, last), dtype=stored)
   strides = tuple(int(np.prod(shape[k + 1:], dtype=np.int64)) * stored.itemsize for k in range(len(shape)))
   view = np.lib.stride_tricks.as_strided(data, region, strides, writeable=False)
-  return transpose_last_two(view if view.dtype == dtype else np.array(view, dtype=dtype)) if transpose else (
-      np.array(view, dtype=dtype, order="C"))
+  return private_copy(view, dtype, transpose)
