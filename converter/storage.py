@@ -14,6 +14,7 @@ import posixpath
 import threading
 from typing import Any
 
+from converter import write_behind
 from converter.errors import ConversionError
 
 REMOTE_SCHEMES = ("gs://", "s3://")  # s3:// is refused by `resolve` (see there).
@@ -295,7 +296,7 @@ def list_names(path: str) -> list[str]:
 def open_for_writing(path: str):
   """A binary file to stream into: local, or an object uploaded in parts as it is written (created on close)."""
   if not is_remote(path):
-    return open(path, "wb")
+    return write_behind.WriteBehindFile(path)
   try:
     return filesystem(path).open(path, "wb")
   except Exception as e:  # pylint: disable=broad-except

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from typing import Any, Callable, Mapping
@@ -13,6 +14,7 @@ import orbax.checkpoint as ocp
 from converter import orbax_layout, storage
 from converter.errors import ConversionError
 from converter.plan import Leaf, Plan
+from converter.write_behind import WriteBehindDirectory
 from absl import logging
 
 from handlers import (
@@ -125,8 +127,10 @@ def save(
     options = WriteOptions(max_inflight_bytes=max_inflight_bytes, on_block_written=on_block_written, cancel=cancel,
                            processes=processes, compression=compression)
     checkpointer = ocp.v1.training.Checkpointer(storage.epath_of(output_dir), context=lazy_tensor_context(options))
+    behind = contextlib.nullcontext() if storage.is_remote(output_dir) else WriteBehindDirectory(output_dir)
     try:
-      checkpointer.save_checkpointables(STEP, {ITEMS: tree}, custom_metadata=dict(custom_metadata))
+      with behind:
+        checkpointer.save_checkpointables(STEP, {ITEMS: tree}, custom_metadata=dict(custom_metadata))
     finally:
       checkpointer.close()
   except BaseException as e:

@@ -421,6 +421,21 @@ class RoundTripTest(parameterized.TestCase):
     self.assertNotEqual(result.returncode, 0)
     self.assertIn("--hf_model_path", result.stderr)
 
+  def test_the_budget_flag_applies_to_the_reverse_direction_and_forward_only_flags_are_refused(self):
+    items = self.checkpoint_copy()
+    outputs = []
+    for flags in ((), ("--max_inflight_bytes=4096",)):
+      outputs.append(os.path.join(harness.scratch_dir("budget-"), "hf"))
+      harness.run_converter("--direction=to_huggingface", f"--checkpoint_path={items}", f"--output_dir={outputs[-1]}",
+                            *flags)
+    for name in os.listdir(outputs[0]):
+      with open(os.path.join(outputs[0], name), "rb") as a, open(os.path.join(outputs[1], name), "rb") as b:
+        self.assertEqual(a.read(), b.read(), name)
+    result = harness.run_converter("--direction=to_huggingface", f"--checkpoint_path={items}",
+                                   f"--output_dir={outputs[0]}-x", "--resume", "--scan_layers=false", check=False)
+    self.assertNotEqual(result.returncode, 0)
+    self.assertIn("--scan_layers, --resume apply to --direction=to_maxtext only", result.stderr)
+
   def test_max_shard_size_parsing(self):
     self.assertEqual(safetensors_output.parse_size("5GB"), 5 * 10**9)
     self.assertEqual(safetensors_output.parse_size("500MB"), 500 * 10**6)

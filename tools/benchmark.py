@@ -31,6 +31,7 @@ import numpy as np
 import psutil
 from absl import app, flags
 
+from converter import write_behind
 from tools import synthetic_checkpoint
 from tools.ports import free_port
 
@@ -97,6 +98,17 @@ class MemoryCgroup:
       pass
 
 
+def warm(directory: str) -> None:
+  """Reads every file under `directory` into the page cache. The conversions write behind and drop what they
+  wrote (converter/write_behind.py), so the checkpoint a reverse conversion reads would come from the disk,
+  and its floor, run after it, from the cache: warmed first, both read it as every step reads its input."""
+  buffer = bytearray(16 << 20)
+  for path in _files(directory):
+    with open(path, "rb", buffering=0) as f:
+      while f.readinto(buffer):
+        pass
+
+
 def run_sampled(command: list[str], env: dict[str, str]) -> tuple[float, int, subprocess.CompletedProcess]:
   """Runs `command`; returns wall seconds, the peak RSS of its process tree (sampled every 20 ms), result.
 
@@ -147,13 +159,15 @@ def _files(directory: str, suffix: str = "") -> list[str]:
 
 def io_floor(files: list[str], write_bytes: int, scratch: str) -> float:
   """Seconds to read every byte of `files` and write `write_bytes` (fsync'd): no conversion that reads those
-  files and writes as much can beat it on this disk."""
+  files and writes as much can beat it on this disk. Written behind as the conversions write
+  (converter/write_behind.py): plain writes into fresh page-cache pages cost up to 3x more CPU here."""
   buffer = bytearray(64 << 20)
   os.makedirs(scratch, exist_ok=True)
   out_path = os.path.join(scratch, "floor.bin")
   left = write_bytes
   start = time.monotonic()
-  with open(out_path, "wb", buffering=0) as out:
+  out = write_behind.WriteBehindFile(out_path)
+  try:
     for path in files:
       with open(path, "rb", buffering=0) as f:
         while n := f.readinto(buffer):
@@ -167,6 +181,8 @@ def io_floor(files: list[str], write_bytes: int, scratch: str) -> float:
       out.write(memoryview(buffer)[:chunk])
       left -= chunk
     os.fsync(out.fileno())
+  finally:
+    out.close()
   seconds = time.monotonic() - start
   os.remove(out_path)
   return seconds
@@ -203,7 +219,10 @@ def compression_floors(input_dir: str, nbytes: int, scratch: str) -> tuple[float
             yield np.frombuffer(data, np.uint16)
 
   window = lambda i: store[i * (piece // 2):(i + 1) * (piece // 2)]
-  encode = _in_flight((lambda i=i, values=values: window(i).write(values) for i, values in enumerate(pieces())), 4)
+  with write_behind.WriteBehindDirectory(path, data_dirs=("c",)):  # zarr3's chunk files, as the conversions' own.
+    encode = _in_flight((lambda i=i, values=values: window(i).write(values) for i, values in enumerate(pieces())),
+                        4)
+  warm(path)  # Written behind, hence dropped: read back from the cache, as the reverse reads its checkpoint.
   decode = _in_flight((lambda i=i: window(i).read() for i in range(count)), 4)
   shutil.rmtree(path, ignore_errors=True)
   return encode, decode
@@ -306,26 +325,32 @@ def run_processes(input_dir: str, output_dir: str, count: int, cores: list[int] 
 
 
 def _scaling_runs(input_dir: str, input_bytes: int, env: dict[str, str]) -> None:
+  """The settings are run in turn, round after round (not each `--runs` times in a row): this machine's speed
+  drifts by tens of percent over minutes, and a ratio of medians taken minutes apart measured the drift as much
+  as the scaling (1.40x, 1.59x, 1.83x in three runs of one day). Each speed-up is also given as the median of
+  its per-round ratios to the pinned single process."""
   output_dir = os.path.join(FLAGS.work_dir, "out-processes")
   settings = [("1 process, pinned to core 0", 1, [0]), ("2 processes, pinned to cores 0 and 1", 2, [0, 1])]
   settings += [(f"{n} process{'es' if int(n) > 1 else ''}, unpinned", int(n), None) for n in FLAGS.processes]
-  rows = []
-  for label, count, cores in settings:
-    walls, peaks = [], []
-    for _ in range(FLAGS.runs):
+  walls = {label: [] for label, _, _ in settings}
+  peaks = {label: [] for label, _, _ in settings}
+  for _ in range(FLAGS.runs):
+    for label, count, cores in settings:
       shutil.rmtree(output_dir, ignore_errors=True)
       wall, peak = run_processes(input_dir, output_dir, count, cores, env)
       print(f"{label}: wall={wall:.1f}s peak_rss={max(peak) / 2**30:.2f}GiB", flush=True)
-      walls.append(wall)
-      peaks.append(max(peak))
-    rows.append((label, statistics.median(walls), statistics.median(peaks)))
+      walls[label].append(wall)
+      peaks[label].append(max(peak))
   shutil.rmtree(output_dir, ignore_errors=True)
-  print("| processes | wall (median) | throughput | peak RSS per process | speed-up |")
-  print("|---|---|---|---|---|")
-  pinned_one = rows[0][1]
-  for label, wall, peak in rows:
-    print(f"| {label} | {wall:.1f} s | {input_bytes / wall / 1e6:.0f} MB/s | {peak / 2**30:.2f} GiB |"
-          f" {pinned_one / wall:.2f}x |")
+  print("| processes | wall (median) | throughput | peak RSS per process | speed-up (medians) |"
+        " speed-up (median of per-round ratios) |")
+  print("|---|---|---|---|---|---|")
+  pinned_one = walls[settings[0][0]]
+  for label, _, _ in settings:
+    wall = statistics.median(walls[label])
+    paired = statistics.median(one / this for one, this in zip(pinned_one, walls[label]))
+    print(f"| {label} | {wall:.1f} s | {input_bytes / wall / 1e6:.0f} MB/s | {statistics.median(peaks[label]) / 2**30:.2f}"
+          f" GiB | {statistics.median(pinned_one) / wall:.2f}x | {paired:.2f}x |")
 
 
 def bucket_floor(remote_dir: str, names: list[str], scratch: str) -> tuple[float, float]:
@@ -469,6 +494,7 @@ def main(argv: list[str]) -> None:
       out_bytes = _du(output_dir)
       if FLAGS.reverse:
         shutil.rmtree(back_dir, ignore_errors=True)
+        warm(output_dir)
         reverse_wall, reverse_peak = _run("  back to HuggingFace", _reverse_command(
             os.path.join(output_dir, "0", "items"), back_dir), env, cgroup)
         back_bytes = _du(back_dir)
