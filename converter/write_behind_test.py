@@ -7,6 +7,7 @@ import mmap
 import os
 import tempfile
 import threading
+from unittest import mock
 
 import numpy as np
 from absl.testing import absltest
@@ -71,6 +72,20 @@ class WriteBehindTest(absltest.TestCase):
     self.assertGreater(most_resident, window // _PAGE)
     self.assertFalse(resident[: data.nbytes // 2 // _PAGE].any())
     self.assertTrue(resident[-1])  # The last windows stay cached: nothing waited for them.
+    with open(path, "rb") as f:
+      np.testing.assert_array_equal(np.frombuffer(f.read(), np.uint8), data)
+
+  def test_a_filesystem_without_sync_file_range_gets_plain_writes(self):
+    data = np.random.default_rng(2).integers(0, 256, 8 * 16 * _PAGE, dtype=np.uint8)
+    path = os.path.join(self.dir, "plain.bin")
+    with mock.patch.object(write_behind, "_SYNC_FILE_RANGE", lambda *args: -1), \
+         self.assertLogs(level="WARNING") as logs:
+      out = write_behind.WriteBehindFile(path, window=16 * _PAGE)
+      for piece in np.split(data, 16):
+        out.write(piece)
+      out.close()
+    self.assertLen(logs.records, 1)
+    self.assertIn("written plainly from byte", logs.output[0])
     with open(path, "rb") as f:
       np.testing.assert_array_equal(np.frombuffer(f.read(), np.uint8), data)
 
