@@ -158,8 +158,8 @@ class WriteBehindDirectory:
     try:
       while not self._stop.wait(self._interval):
         self._round()
-    except OSError as e:
-      logging.warning("writing %s behind stopped: %s", self._directory, e)
+    except Exception as e:  # pylint: disable=broad-except
+      logging.warning("writing %s behind stopped: %s: %s", self._directory, type(e).__name__, e)
 
   def _round(self) -> None:
     for path in self._data_files():
@@ -173,13 +173,13 @@ class WriteBehindDirectory:
       entry = self._open.get(key)
       if entry is None:
         try:
-          entry = (_Behind(os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))), 0)
+          entry = self._open[key] = (_Behind(os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))), -1)
         except FileNotFoundError:
           continue
       behind, started_last_round = entry
-      behind.drop(started_last_round)
+      behind.drop(max(0, started_last_round))
       size = os.fstat(behind.fd).st_size
-      if behind.dropped == size:  # Unchanged for a round and all of it on disk: a finished data file.
+      if started_last_round == behind.dropped == size:  # Unchanged for a round, all on disk: finished.
         os.close(behind.fd)
         del self._open[key]
         self._done[key] = size

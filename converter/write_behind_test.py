@@ -102,6 +102,10 @@ class WriteBehindTest(absltest.TestCase):
     finished = threading.Event()
 
     def write_files():  # As tensorstore does: data files appear and grow while the watcher runs.
+      with open(os.path.join(data_dir, "f" * 32), "wb") as f:  # Seen empty for a few rounds, then written.
+        finished.wait(0.05)
+        for _ in range(4):
+          f.write(chunk)
       for i in range(6):
         with open(os.path.join(data_dir, f"{i:032x}"), "wb") as f:
           for _ in range(4):
@@ -115,8 +119,8 @@ class WriteBehindTest(absltest.TestCase):
       writer = threading.Thread(target=write_files)
       writer.start()
       writer.join()
-      for _ in range(100):  # Two rounds see each file unchanged: it is dropped and closed.
-        if not behind._open and len(behind._done) == 6:  # pylint: disable=protected-access
+      for _ in range(500):  # Two rounds see each file unchanged: it is dropped and closed.
+        if not behind._open and len(behind._done) == 7:  # pylint: disable=protected-access
           break
         finished.wait(0.02)
       os.rename(os.path.join(self.dir, "tmp-step"), os.path.join(self.dir, "step"))  # Orbax's commit.
@@ -124,7 +128,7 @@ class WriteBehindTest(absltest.TestCase):
     self.assertEqual(open_descriptors(), descriptors)
     data_dir = os.path.join(self.dir, "step", "ocdbt.process_0", "d")
     names = sorted(os.listdir(data_dir))
-    self.assertLen(names, 6)
+    self.assertLen(names, 7)
     for name in names:
       path = os.path.join(data_dir, name)
       self.assertFalse(resident_pages(path).any(), name)
