@@ -294,7 +294,8 @@ def list_names(path: str) -> list[str]:
 
 
 def open_for_writing(path: str):
-  """A binary file to stream into: local, or an object uploaded in parts as it is written (created on close)."""
+  """A binary file to stream into: local, written behind (converter/write_behind.py), or an object uploaded in
+  parts as it is written (created on close)."""
   if not is_remote(path):
     return write_behind.WriteBehindFile(path)
   try:

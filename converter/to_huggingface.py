@@ -4,8 +4,8 @@ The plan (converter/reverse_plan.py) says which slice of which stored leaf becom
 tensor is read slice by slice (converter/checkpoint_reader.py), transformed, joined where the forward direction
 split a fused tensor, and streamed into the current shard file, expert by expert for tensors holding every expert.
 Pieces are read by worker threads (several in flight) while earlier ones are written, up to a byte budget
-(`read_ahead_bytes`, the converter's --max_inflight_bytes). Memory: that budget (pieces: one expert of a tensor holding every expert, a
-slab of rows of a large one, else one tensor) plus the open leaves' chunk caches.
+(`read_ahead_bytes`, the converter's --max_inflight_bytes). Memory: that budget (pieces: one expert of a tensor
+holding every expert, a slab of rows of a large one, else one tensor) plus the open leaves' chunk caches.
 
 The HF config comes from the checkpoint's custom metadata (`hf2maxtext.hf_config`, recorded by the forward
 direction) or from `hf_config_path`; it is written back as config.json with its dtype set to the checkpoint's and

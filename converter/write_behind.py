@@ -123,6 +123,12 @@ class WriteBehindFile:
   def close(self) -> None:
     self._file.close()
 
+  def __enter__(self) -> "WriteBehindFile":
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
+
 
 class WriteBehindDirectory:
   """While open, a thread writes behind every file below `directory` that sits in a directory named one of
@@ -134,9 +140,9 @@ class WriteBehindDirectory:
     self._directory = directory
     self._data_dirs = data_dirs
     self._interval = interval
-    # By (device, inode): Orbax renames the directories at its commit. Open files, with the size whose writeback
-    # was started last round; and the sizes of files written behind whole and closed.
-    self._open: dict[tuple[int, int], tuple[_Behind, int]] = {}
+    # By (device, inode): Orbax renames the directories at its commit. Open files; and the sizes of files written
+    # behind whole and closed (one that grows again is opened again).
+    self._open: dict[tuple[int, int], _Behind] = {}
     self._done: dict[tuple[int, int], int] = {}
     self._stop = threading.Event()
     self._thread = threading.Thread(target=self._run, name="hf2maxtext-write-behind", daemon=True)
@@ -150,7 +156,7 @@ class WriteBehindDirectory:
     if AVAILABLE:
       self._stop.set()
       self._thread.join()
-    for behind, _ in self._open.values():
+    for behind in self._open.values():
       os.close(behind.fd)
     self._open.clear()
 
@@ -170,22 +176,20 @@ class WriteBehindDirectory:
       key = (stat.st_dev, stat.st_ino)
       if self._done.get(key) == stat.st_size:
         continue
-      entry = self._open.get(key)
-      if entry is None:
+      behind = self._open.get(key)
+      if behind is None:
         try:
-          entry = self._open[key] = (_Behind(os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))), -1)
+          behind = self._open[key] = _Behind(os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)))
         except FileNotFoundError:
           continue
-      behind, started_last_round = entry
-      behind.drop(max(0, started_last_round))
+      behind.drop(behind.started)  # What the last round started.
       size = os.fstat(behind.fd).st_size
-      if started_last_round == behind.dropped == size:  # Unchanged for a round, all on disk: finished.
+      if behind.dropped == size:  # Nothing new since the last round, and all of it on disk: finished.
         os.close(behind.fd)
         del self._open[key]
         self._done[key] = size
         continue
       behind.start(size)
-      self._open[key] = (behind, behind.started)
 
   def _data_files(self) -> list[str]:
     found = []

@@ -166,8 +166,7 @@ def io_floor(files: list[str], write_bytes: int, scratch: str) -> float:
   out_path = os.path.join(scratch, "floor.bin")
   left = write_bytes
   start = time.monotonic()
-  out = write_behind.WriteBehindFile(out_path)
-  try:
+  with write_behind.WriteBehindFile(out_path) as out:
     for path in files:
       with open(path, "rb", buffering=0) as f:
         while n := f.readinto(buffer):
@@ -181,8 +180,6 @@ def io_floor(files: list[str], write_bytes: int, scratch: str) -> float:
       out.write(memoryview(buffer)[:chunk])
       left -= chunk
     os.fsync(out.fileno())
-  finally:
-    out.close()
   seconds = time.monotonic() - start
   os.remove(out_path)
   return seconds
@@ -349,8 +346,9 @@ def _scaling_runs(input_dir: str, input_bytes: int, env: dict[str, str]) -> None
   for label, _, _ in settings:
     wall = statistics.median(walls[label])
     paired = statistics.median(one / this for one, this in zip(pinned_one, walls[label]))
-    print(f"| {label} | {wall:.1f} s | {input_bytes / wall / 1e6:.0f} MB/s | {statistics.median(peaks[label]) / 2**30:.2f}"
-          f" GiB | {statistics.median(pinned_one) / wall:.2f}x | {paired:.2f}x |")
+    peak = statistics.median(peaks[label])
+    print(f"| {label} | {wall:.1f} s | {input_bytes / wall / 1e6:.0f} MB/s | {peak / 2**30:.2f} GiB |"
+          f" {statistics.median(pinned_one) / wall:.2f}x | {paired:.2f}x |")
 
 
 def bucket_floor(remote_dir: str, names: list[str], scratch: str) -> tuple[float, float]:
