@@ -1,4 +1,4 @@
-"""The blocked transpose equals numpy's, for 2-D and stacked (3-D) arrays, and is contiguous."""
+"""The slab transpose equals numpy's, bit for bit, for 2-D and stacked (3-D) arrays, and is contiguous."""
 
 import ml_dtypes
 import numpy as np
@@ -23,6 +23,20 @@ class ArraysTest(absltest.TestCase):
       y = arrays.transpose_last_two(x)
       self.assertEqual(y.dtype, x.dtype)
       np.testing.assert_array_equal(arrays.as_bits(y), np.swapaxes(arrays.as_bits(x), -1, -2))  # NaNs included.
+
+  def test_transpose_across_slabs_power_of_two_widths_and_stacked_matrices(self):
+    rng = np.random.default_rng(1)
+    cases = ((ml_dtypes.bfloat16, (130, 2048)),  # Slabs of 64 rows and a partial last one; a power-of-two width.
+             (np.float32, (2, 200, 1024)),  # Stacked matrices large enough to go one by one.
+             (np.float32, (3, 17, 4096)),  # Stacked and small: one slab spans every matrix.
+             (np.uint8, (70, 30000)),  # Rows too wide for more than the fewest rows per slab.
+             (ml_dtypes.float8_e4m3fn, (64, 64)))
+    for dtype, shape in cases:
+      x = rng.integers(0, 256, size=shape[:-1] + (shape[-1] * np.dtype(dtype).itemsize,), dtype=np.uint8).view(dtype)
+      y = arrays.transpose_last_two(x)
+      self.assertEqual((y.dtype, y.shape), (x.dtype, shape[:-2] + (shape[-1], shape[-2])))
+      self.assertTrue(y.flags.c_contiguous)
+      np.testing.assert_array_equal(arrays.as_bits(y), np.swapaxes(arrays.as_bits(x), -1, -2))
 
   def test_assign_moves_bits_or_casts(self):
     nan_payload = np.array([0x7FC1, 0xFFFF, 0x0001], np.uint16).view(ml_dtypes.bfloat16)

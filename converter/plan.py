@@ -29,7 +29,7 @@ from converter.sources import FLOATING, SourceTensor, TensorSource
 
 Shape = tuple[int, ...]
 
-ROW_BLOCK_BYTES = 32 << 20
+ROW_BLOCK_BYTES = 16 << 20  # Kept under glibc's mmap threshold, as the write blocks (handlers/streaming.py).
 _ELEMENTWISE = (ops_lib.ScaleInFloat32, ops_lib.AddInFloat32)
 _WITHIN_HEAD = (*_ELEMENTWISE, ops_lib.InterleaveRope)
 

@@ -32,7 +32,10 @@ async def _write_block(
     )
 
 
-TARGET_BLOCK_BYTES = 64 << 20
+# Below glibc's largest mmap threshold (32 MiB): a larger block is always a fresh mapping the kernel zeroes page by
+# page before it is filled, and so is the chunk tensorstore decodes it into when it is read back; smaller ones
+# are reused from the heap once freed.
+TARGET_BLOCK_BYTES = 16 << 20
 
 
 def _largest_divisor_at_most(n: int, limit: int) -> int:
