@@ -5,17 +5,36 @@ from __future__ import annotations
 
 from typing import Sequence
 
+# Byte-balanced is not cost-balanced: a plan's leaves cost different CPU per byte (an embedding is copied, an
+# expert matrix transposed and stacked, an FP8 weight dequantized), and they come in order, so N contiguous runs
+# gave one of two processes every expert and the other the embedding and the logits: it finished a second early
+# and waited. Each process therefore takes several stripes spread over the whole plan.
+STRIPES_PER_PROCESS = 4
+# Striping only where every stripe still spans many blocks (few large blocks, such as whole safetensors shards,
+# stay in contiguous runs): a stripe misplaces at most a block at each end.
+MIN_BLOCKS_PER_STRIPE = 8
+
+
+def stripes_per_process(num_blocks: int, count: int) -> int:
+  """How many stripes each of `count` processes takes of `num_blocks` blocks (1: one contiguous run)."""
+  return max(1, min(STRIPES_PER_PROCESS, num_blocks // max(1, count * MIN_BLOCKS_PER_STRIPE)))
+
 
 def owners(block_bytes: Sequence[int], count: int) -> list[int]:
-  """The process that writes each block: blocks in order, cut into `count` contiguous runs of about equal bytes
-  (a block goes to the process whose byte range holds its middle), so each process reads a few long stretches of
-  the source rather than scattered pieces. Shares differ by at most about one block."""
+  """The process that writes each block.
+
+  The blocks in order are cut into `count * S` runs of about equal bytes (S = `stripes_per_process`), and run r
+  goes to process r mod `count`: each process reads S long stretches of the source, spread over the plan, so each
+  share holds a similar mix of leaves. A block goes to the run that holds its middle, so a process's share is
+  within S largest blocks of 1/count of the bytes (one block where S is 1).
+  """
   total = sum(block_bytes)
   if count <= 1 or total == 0:
     return [0] * len(block_bytes)
+  runs = count * stripes_per_process(len(block_bytes), count)
   result, start = [], 0
   for nbytes in block_bytes:
     middle = start + nbytes / 2
-    result.append(min(count - 1, int(middle * count // total)))
+    result.append(min(runs - 1, int(middle * runs // total)) % count)
     start += nbytes
   return result

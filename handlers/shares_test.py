@@ -1,4 +1,7 @@
-"""Shares of a save's blocks: disjoint, contiguous, balanced, and the same in every process."""
+"""Shares of a save's blocks: disjoint, balanced, striped over the plan where there are enough blocks, contiguous
+where there are few, and the same in every process."""
+
+import random
 
 from absl.testing import absltest
 
@@ -17,6 +20,33 @@ class OwnersTest(absltest.TestCase):
       self.assertEqual(sum(totals), sum(sizes))
       for total in totals:  # Within one largest block of the mean.
         self.assertLessEqual(abs(total - sum(sizes) / count), max(sizes))
+
+  def test_many_blocks_are_striped_so_each_share_mixes_the_whole_plan(self):
+    # A plan's first half one kind of leaf (say expert matrices), its second half another (embedding, logits).
+    rng = random.Random(0)
+    sizes = [rng.randint(1, 64) for _ in range(400)]
+    half = sum(sizes) / 2
+    kinds, start = [], 0
+    for nbytes in sizes:
+      kinds.append(start + nbytes / 2 < half)
+      start += nbytes
+    for count in (2, 3, 4, 7):
+      stripes = shares.stripes_per_process(len(sizes), count)
+      self.assertEqual(stripes, shares.STRIPES_PER_PROCESS)
+      owners = shares.owners(sizes, count)
+      runs = 1 + sum(a != b for a, b in zip(owners, owners[1:]))
+      self.assertEqual(runs, count * stripes)  # Each process reads `stripes` stretches, in turn.
+      for process in range(count):
+        mine = [(b, first) for b, first, o in zip(sizes, kinds, owners) if o == process]
+        total = sum(b for b, _ in mine)
+        self.assertLessEqual(abs(total - sum(sizes) / count), stripes * max(sizes))
+        first_half = sum(b for b, first in mine if first)
+        self.assertLessEqual(abs(first_half / total - 0.5), 0.1, (count, process))  # Contiguous runs: 0 or 1.
+
+  def test_few_blocks_stay_in_contiguous_runs(self):
+    self.assertEqual(shares.stripes_per_process(2 * shares.MIN_BLOCKS_PER_STRIPE * 2 - 1, 2), 1)
+    owners = shares.owners([3] * 31, 2)
+    self.assertEqual(owners, sorted(owners))
 
   def test_every_process_gets_work_when_blocks_are_equal(self):
     self.assertEqual(shares.owners([10] * 8, 4), [0, 0, 1, 1, 2, 2, 3, 3])

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -283,12 +284,13 @@ def _has_native_fp8(input_dir: str) -> bool:
 
 
 def run_processes(input_dir: str, output_dir: str, count: int, cores: list[int] | None,
-                  env: dict[str, str]) -> tuple[float, list[int]]:
+                  env: dict[str, str]) -> tuple[float, list[int], float]:
   """One conversion by `count` processes (each pinned to `cores[i]` when given); returns the wall until the last
-  one exits and each process's peak RSS."""
+  one exits, each process's peak RSS and the CPU seconds (user + system) of all of them together."""
   address = f"127.0.0.1:{free_port()}"
   children, peaks = [], [0] * count
   os.sync()  # As before every conversion (run_sampled).
+  cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
   start = time.monotonic()
   for i in range(count):
     command = _convert_command(input_dir, output_dir, "1")
@@ -313,12 +315,14 @@ def run_processes(input_dir: str, output_dir: str, count: int, cores: list[int] 
   sampler.start()
   results = [c.communicate() for c in children]
   wall = time.monotonic() - start
+  cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)
   done.set()
   sampler.join()
   for child, (_, stderr) in zip(children, results):
     if child.returncode:
       sys.exit(f"{count} processes: a process failed ({child.returncode}):\n{stderr[-3000:]}")
-  return wall, peaks
+  cpu = (cpu_after.ru_utime + cpu_after.ru_stime) - (cpu_before.ru_utime + cpu_before.ru_stime)
+  return wall, peaks, cpu
 
 
 def _scaling_runs(input_dir: str, input_bytes: int, env: dict[str, str]) -> None:
@@ -331,24 +335,28 @@ def _scaling_runs(input_dir: str, input_bytes: int, env: dict[str, str]) -> None
   settings += [(f"{n} process{'es' if int(n) > 1 else ''}, unpinned", int(n), None) for n in FLAGS.processes]
   walls = {label: [] for label, _, _ in settings}
   peaks = {label: [] for label, _, _ in settings}
+  cpus = {label: [] for label, _, _ in settings}
   for _ in range(FLAGS.runs):
     for label, count, cores in settings:
       shutil.rmtree(output_dir, ignore_errors=True)
-      wall, peak = run_processes(input_dir, output_dir, count, cores, env)
-      print(f"{label}: wall={wall:.1f}s peak_rss={max(peak) / 2**30:.2f}GiB", flush=True)
+      wall, peak, cpu = run_processes(input_dir, output_dir, count, cores, env)
+      print(f"{label}: wall={wall:.1f}s cpu={cpu:.1f}s peak_rss={max(peak) / 2**30:.2f}GiB", flush=True)
       walls[label].append(wall)
       peaks[label].append(max(peak))
+      cpus[label].append(cpu)
   shutil.rmtree(output_dir, ignore_errors=True)
-  print("| processes | wall (median) | throughput | peak RSS per process | speed-up (medians) |"
-        " speed-up (median of per-round ratios) |")
-  print("|---|---|---|---|---|---|")
+  # CPU seconds say where a shortfall goes: more work per byte when processes share the machine (the same
+  # conversion costing more CPU), or cores left idle (CPU below cores x wall).
+  print("| processes | wall (median) | throughput | CPU, all processes (median) | peak RSS per process |"
+        " speed-up (medians) | speed-up (median of per-round ratios) |")
+  print("|---|---|---|---|---|---|---|")
   pinned_one = walls[settings[0][0]]
   for label, _, _ in settings:
     wall = statistics.median(walls[label])
     paired = statistics.median(one / this for one, this in zip(pinned_one, walls[label]))
     peak = statistics.median(peaks[label])
-    print(f"| {label} | {wall:.1f} s | {input_bytes / wall / 1e6:.0f} MB/s | {peak / 2**30:.2f} GiB |"
-          f" {statistics.median(pinned_one) / wall:.2f}x | {paired:.2f}x |")
+    print(f"| {label} | {wall:.1f} s | {input_bytes / wall / 1e6:.0f} MB/s | {statistics.median(cpus[label]):.1f} s |"
+          f" {peak / 2**30:.2f} GiB | {statistics.median(pinned_one) / wall:.2f}x | {paired:.2f}x |")
 
 
 def bucket_floor(remote_dir: str, names: list[str], scratch: str) -> tuple[float, float]:
@@ -442,13 +450,13 @@ def _reverse_command(items_path: str, output_dir: str) -> list[str]:
 
 
 def _row(label: str, devices: str, wall: float, peak: float, out_bytes: int | str, moved_bytes: int, io: float,
-         codec: float | None, note: str = "") -> str:
+         codec: float | None, start_up: float, note: str = "") -> str:
   size = f"{moved_bytes / 1e9:.1f} GB"
   out = f"{out_bytes / 1e9:.2f} GB" if isinstance(out_bytes, int) else out_bytes
   floor = max(io, codec or 0.0)
   return (f"| {label} | {size} | {devices} | {'on' if FLAGS.scan_layers else 'off'} | {wall:.1f} s |"
           f" {peak / 2**30:.2f} GiB | {out} | {moved_bytes / wall / 1e6:.0f} MB/s | {io:.1f} s |"
-          f" {'' if codec is None else f'{codec:.1f} s'} | {wall / floor:.2f}{note} |")
+          f" {'' if codec is None else f'{codec:.1f} s'} | {wall / floor:.2f}{note} | {(wall - start_up) / floor:.2f} |")
 
 
 def main(argv: list[str]) -> None:
@@ -530,26 +538,30 @@ def main(argv: list[str]) -> None:
       reverse_rows.append((devices, *(median(reverse_runs, k) for k in range(3))))
   shutil.rmtree(output_dir, ignore_errors=True)
   io, encode, decode = (statistics.median(x) for x in (floors, encodes, decodes))
+  start_up = start_up_seconds(3)
   print(f"\ninput {input_bytes / 1e9:.2f} GB; I/O floor (read the input + write"
         f" {output_floor_bytes / 1e9:.2f} GB, fsync) median {io:.1f} s; compression floor (the"
         f" {'dequantized copy' if quantized else f'{output_floor_bytes / 1e9:.2f} GB'} through zstd level 3,"
         f" Orbax's zarr3 codec, via tensorstore on every core)"
         f" median {encode:.1f} s, decompression (reading them back) {decode:.1f} s; start-up (the bundled tiny"
-        f" checkpoint) {start_up_seconds(3):.2f} s")
+        f" checkpoint) {start_up:.2f} s")
+  # The floors are the work alone; the last column takes the start-up out of the wall too: on a checkpoint of
+  # a few GB it is a fifth of the floor, on one of a TB nothing.
   print("| conversion | size | devices | scan | wall (median) | peak RSS | output | throughput | I/O floor |"
-        " compression floor | wall / max(floors) |")
-  print("|---|---|---|---|---|---|---|---|---|---|---|")
+        " compression floor | wall / max(floors) | (wall - start-up) / max(floors) |")
+  print("|---|---|---|---|---|---|---|---|---|---|---|---|")
   for devices, wall, peak, out_bytes, _ in rows:
-    print(_row(f"{FLAGS.family} -> MaxText", devices, wall, peak, out_bytes, input_bytes, io, encode))
+    print(_row(f"{FLAGS.family} -> MaxText", devices, wall, peak, out_bytes, input_bytes, io, encode, start_up))
   if reverse_rows:
     reverse_io = statistics.median(reverse_floors)
     for devices, wall, peak, back_bytes in reverse_rows:
-      print(_row("MaxText -> HuggingFace", devices, wall, peak, back_bytes, back_bytes, reverse_io, decode))
+      print(_row("MaxText -> HuggingFace", devices, wall, peak, back_bytes, back_bytes, reverse_io, decode,
+                 start_up))
   if native_rows:
     native_floor = statistics.median(native_floors)
     for devices, wall, peak, out_bytes in native_rows:
       print(_row(f"{FLAGS.family} -> MaxText, --keep_fp8 (native fp8 output)", devices, wall, peak, out_bytes,
-                 input_bytes, native_floor, None, " (I/O)"))
+                 input_bytes, native_floor, None, start_up, " (I/O)"))
   _print_route_rows(rows, input_bytes, io, encode)
   if FLAGS.processes:
     _scaling_runs(input_dir, input_bytes, env)
@@ -569,7 +581,7 @@ def _print_route_rows(rows: list, input_bytes: int, io: float, zstd: float) -> N
             f" {devices} | {'on' if FLAGS.scan_layers else 'off'} | {pass_wall + copy_wall:.1f} s ({pass_wall:.1f} s"
             f" pass + {copy_wall:.1f} s conversion) | {max(pass_peak, copy_peak) / 2**30:.2f} GiB (bf16 conversion"
             f" {copy_peak / 2**30:.2f} GiB) | | | {io:.1f} s | {zstd:.1f} s | {(pass_wall + copy_wall) / floor:.2f}"
-            f" ({(pass_wall + copy_wall) / wall:.2f}x the direct conversion) |")
+            f" ({(pass_wall + copy_wall) / wall:.2f}x the direct conversion) | |")
 
 
 if __name__ == "__main__":
