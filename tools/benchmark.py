@@ -228,10 +228,11 @@ def compression_floors(input_dir: str, nbytes: int, scratch: str) -> tuple[float
 
 def in_child(function, *args):
   """`function(*args)` (a function of this module) in a child process started the way the conversions are
-  (`_PYTHON`, this environment): a floor then runs with the same allocator settings as what it bounds (glibc's
-  huge pages for malloc, set by the launcher, take the compression floor from 3.9 to 2.6 s here)."""
+  (`_PYTHON`, this environment, malloc configured as the converter configures it): a floor then runs with the
+  same allocator settings as what it bounds (glibc's huge pages for malloc, set by the launcher, take the
+  compression floor from 3.9 to 2.6 s here)."""
   os.sync()  # As before every conversion (run_sampled).
-  code = ("import json, sys; from tools import benchmark;"
+  code = ("import json, sys; from converter import malloc; malloc.configure(); from tools import benchmark;"
           f" print(json.dumps(benchmark.{function.__name__}(*json.loads(sys.argv[1]))))")
   result = subprocess.run([_PYTHON, "-c", code, json.dumps(args)], env=dict(os.environ, PYTHONPATH=_REPO),
                           capture_output=True, text=True)
