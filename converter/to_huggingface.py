@@ -226,10 +226,28 @@ def _prepare_output(output_dir: str, overwrite: bool, shared: bool = False) -> s
     raise ConversionError(f"{parent}: cannot create a staging directory for the output: {e}") from e
 
 
+def _sync(path: str) -> None:
+  """Waits until `path` (a file or a directory's entries) is on disk."""
+  descriptor = os.open(path, os.O_RDONLY)
+  try:
+    os.fsync(descriptor)
+  finally:
+    os.close(descriptor)
+
+
 def _publish(staging: str, output_dir: str) -> None:
-  """Renames the finished staging directory to `output_dir`, replacing what --overwrite allowed to replace."""
+  """Renames the finished staging directory to `output_dir`, replacing what --overwrite allowed to replace.
+
+  The shards are on disk already (each writer syncs its file on close); the index, config.json and the staging
+  directory's entries are synced before the rename and the parent's after it, so that a crash leaves either no
+  output or a whole one, never a config.json beside short shards.
+  """
   if staging == output_dir:  # A bucket: written in place, config.json last.
     return
+  for name in (INDEX_FILE, "config.json"):
+    if os.path.exists(os.path.join(staging, name)):
+      _sync(os.path.join(staging, name))
+  _sync(staging)
   old = None
   if os.path.exists(output_dir):
     old = staging + ".old"
@@ -240,6 +258,7 @@ def _publish(staging: str, output_dir: str) -> None:
     if old:
       os.rename(old, output_dir)
     raise
+  _sync(os.path.dirname(output_dir))
   if old:
     shutil.rmtree(old, ignore_errors=True)
 

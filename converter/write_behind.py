@@ -121,7 +121,12 @@ class WriteBehindFile:
     return self._file.fileno()
 
   def close(self) -> None:
-    self._file.close()
+    """Closes the file once every byte is on disk: a file published after it (the reverse direction renames its
+    output into place) must not be found short after a crash."""
+    try:
+      os.fsync(self._file.fileno())
+    finally:
+      self._file.close()
 
   def __enter__(self) -> "WriteBehindFile":
     return self

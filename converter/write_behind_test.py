@@ -89,6 +89,17 @@ class WriteBehindTest(absltest.TestCase):
     with open(path, "rb") as f:
       np.testing.assert_array_equal(np.frombuffer(f.read(), np.uint8), data)
 
+  def test_closing_a_file_waits_until_its_bytes_are_on_disk(self):
+    synced = []
+    path = os.path.join(self.dir, "out.bin")
+    out = write_behind.WriteBehindFile(path, window=16 * _PAGE)
+    out.write(b"x" * (40 * _PAGE))
+    descriptor = out.fileno()
+    real_fsync = os.fsync
+    with mock.patch.object(os, "fsync", lambda fd: (synced.append((fd, os.fstat(fd).st_size)), real_fsync(fd))):
+      out.close()
+    self.assertEqual(synced, [(descriptor, 40 * _PAGE)])  # The whole file, before the descriptor closed.
+
   def test_a_file_needs_a_lag_of_a_window_at_least(self):
     with self.assertRaisesRegex(ValueError, "lag"):
       write_behind.WriteBehindFile(os.path.join(self.dir, "x"), lag=0)
