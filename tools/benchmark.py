@@ -186,7 +186,8 @@ def io_floor(files: list[str], write_bytes: int, scratch: str) -> float:
   return seconds
 
 
-def compression_floors(input_dir: str, nbytes: int, scratch: str) -> tuple[float, float]:
+def compression_floors(input_dir: str, nbytes: int, scratch: str, share: int = 0, shares: int = 1,
+                       decode: bool = True) -> tuple[float, float | None]:
   """Seconds to push `nbytes` of the input's tensor bytes (repeated when the output is larger, as a dequantized
   FP8 checkpoint is) through the codec Orbax writes with, zstd level 3 in a zarr3 array on the local disk,
   through tensorstore on every core, and to read them back into a file: the other floors a conversion cannot
@@ -194,13 +195,14 @@ def compression_floors(input_dir: str, nbytes: int, scratch: str) -> tuple[float
   bytes from where the conversion finds them to where it leaves them: encoding reads the input files and writes
   the encoded chunks, decoding reads the chunks and writes the decoded bytes (written behind, as the reverse
   writes its safetensors). `input_dir` holds the bytes the output is made of (for a quantized checkpoint: its
-  dequantized copy)."""
+  dequantized copy). With `shares`, only every `shares`-th 64 MiB piece from piece `share` on: one process's
+  part of the same work (the scaling runs' control)."""
   import tensorstore as ts  # pylint: disable=g-import-not-at-top
 
   piece = 64 << 20
   files = _files(input_dir, ".safetensors")
-  count = -(-nbytes // piece)
-  path = os.path.join(scratch, "compression-floor.zarr")
+  count = len(range(share, -(-nbytes // piece), shares))
+  path = os.path.join(scratch, f"compression-floor-{share}.zarr")
   shutil.rmtree(path, ignore_errors=True)
   store = ts.open({"driver": "zarr3", "kvstore": {"driver": "file", "path": path},
                    "metadata": {"shape": [count * piece // 2], "data_type": "uint16",
@@ -209,11 +211,18 @@ def compression_floors(input_dir: str, nbytes: int, scratch: str) -> tuple[float
                   create=True, delete_existing=True).result()
 
   def pieces():
-    left = count
+    left, number = count, 0
     while left:
       for name in files:
         with open(name, "rb", buffering=0) as f:
-          while left and (data := f.read(piece)):
+          for offset in range(0, os.path.getsize(name), piece):
+            number += 1
+            if (number - 1) % shares != share:
+              continue
+            if not left:
+              return
+            f.seek(offset)
+            data = f.read(piece)
             if len(data) < piece:
               data += bytes(piece - len(data))
             left -= 1
@@ -223,15 +232,18 @@ def compression_floors(input_dir: str, nbytes: int, scratch: str) -> tuple[float
   with write_behind.WriteBehindDirectory(path, data_dirs=("c",)):  # zarr3's chunk files, as the conversions' own.
     encode = _in_flight((lambda i=i, values=values: window(i).write(values) for i, values in enumerate(pieces())),
                         4)
+  if not decode:
+    shutil.rmtree(path, ignore_errors=True)
+    return encode, None
   warm(path)  # Written behind, hence dropped: read back from the cache, as the reverse reads its checkpoint.
-  decoded_path = os.path.join(scratch, "decompression-floor.bin")
+  decoded_path = os.path.join(scratch, f"decompression-floor-{share}.bin")
   start = time.monotonic()
   with write_behind.WriteBehindFile(decoded_path) as decoded:
     _in_flight((lambda i=i: window(i).read() for i in range(count)), 4, decoded.write)
-  decode = time.monotonic() - start  # Closing synced the file.
+  decoded_seconds = time.monotonic() - start  # Closing synced the file.
   os.remove(decoded_path)
   shutil.rmtree(path, ignore_errors=True)
-  return encode, decode
+  return encode, decoded_seconds
 
 
 def in_child(function, *args):
@@ -334,24 +346,53 @@ def run_processes(input_dir: str, output_dir: str, count: int, cores: list[int] 
   return wall, peaks, cpu
 
 
+def run_codec_processes(input_dir: str, nbytes: int, count: int, cores: list[int]) -> tuple[float, list[int], float]:
+  """The compression floor's work (encoding only) split over `count` processes, each pinned to `cores[i]` and
+  encoding every `count`-th piece: how far this machine itself scales the codec's work, the control for
+  `run_processes`. Returns the wall until the last one exits, no peaks, and the CPU seconds of all of them."""
+  code = ("import json, sys; from converter import malloc; malloc.configure(); from tools import benchmark;"
+          " benchmark.compression_floors(*json.loads(sys.argv[1]))")
+  os.sync()
+  cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
+  start = time.monotonic()
+  children = [subprocess.Popen(["taskset", "-c", str(cores[i]), _PYTHON, "-c", code,
+                                json.dumps([input_dir, nbytes, FLAGS.work_dir, i, count, False])],
+                               env=dict(os.environ, PYTHONPATH=_REPO), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True) for i in range(count)]
+  results = [c.communicate() for c in children]
+  wall = time.monotonic() - start
+  cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)
+  for child, (_, stderr) in zip(children, results):
+    if child.returncode:
+      sys.exit(f"the codec's work in {count} processes failed:\n{stderr[-3000:]}")
+  return wall, [], (cpu_after.ru_utime + cpu_after.ru_stime) - (cpu_before.ru_utime + cpu_before.ru_stime)
+
+
 def _scaling_runs(input_dir: str, input_bytes: int, env: dict[str, str]) -> None:
   """The settings are run in turn, round after round (not each `--runs` times in a row): this machine's speed
   drifts by tens of percent over minutes, and a ratio of medians taken minutes apart measured the drift as much
   as the scaling (1.40x, 1.59x, 1.83x in three runs of one day). Each speed-up is also given as the median of
-  its per-round ratios to the pinned single process."""
+  its per-round ratios to the pinned single process. In the same rounds, the codec's work alone, pinned to one
+  and to two cores, says how far this machine scales the work that dominates a conversion."""
   output_dir = os.path.join(FLAGS.work_dir, "out-processes")
-  settings = [("1 process, pinned to core 0", 1, [0]), ("2 processes, pinned to cores 0 and 1", 2, [0, 1])]
-  settings += [(f"{n} process{'es' if int(n) > 1 else ''}, unpinned", int(n), None) for n in FLAGS.processes]
-  walls = {label: [] for label, _, _ in settings}
-  peaks = {label: [] for label, _, _ in settings}
-  cpus = {label: [] for label, _, _ in settings}
+  convert = lambda count, cores: run_processes(input_dir, output_dir, count, cores, env)
+  codec = lambda count, cores: run_codec_processes(input_dir, input_bytes, count, cores)
+  settings = [("1 process, pinned to core 0", 1, [0], convert),
+              ("2 processes, pinned to cores 0 and 1", 2, [0, 1], convert)]
+  settings += [(f"{n} process{'es' if int(n) > 1 else ''}, unpinned", int(n), None, convert)
+               for n in FLAGS.processes]
+  controls = [("the codec's work alone, 1 process pinned to core 0", 1, [0], codec),
+              ("the codec's work alone, 2 processes pinned to cores 0 and 1", 2, [0, 1], codec)]
+  walls = {label: [] for label, _, _, _ in settings + controls}
+  peaks = {label: [] for label, _, _, _ in settings + controls}
+  cpus = {label: [] for label, _, _, _ in settings + controls}
   for _ in range(FLAGS.runs):
-    for label, count, cores in settings:
+    for label, count, cores, run in settings + controls:
       shutil.rmtree(output_dir, ignore_errors=True)
-      wall, peak, cpu = run_processes(input_dir, output_dir, count, cores, env)
-      print(f"{label}: wall={wall:.1f}s cpu={cpu:.1f}s peak_rss={max(peak) / 2**30:.2f}GiB", flush=True)
+      wall, peak, cpu = run(count, cores)
+      print(f"{label}: wall={wall:.1f}s cpu={cpu:.1f}s peak_rss={max(peak, default=0) / 2**30:.2f}GiB", flush=True)
       walls[label].append(wall)
-      peaks[label].append(max(peak))
+      peaks[label].append(max(peak, default=0))
       cpus[label].append(cpu)
   shutil.rmtree(output_dir, ignore_errors=True)
   # CPU seconds say where a shortfall goes: more work per byte when processes share the machine (the same
@@ -359,13 +400,15 @@ def _scaling_runs(input_dir: str, input_bytes: int, env: dict[str, str]) -> None
   print("| processes | wall (median) | throughput | CPU, all processes (median) | peak RSS per process |"
         " speed-up (medians) | speed-up (median of per-round ratios) |")
   print("|---|---|---|---|---|---|---|")
-  pinned_one = walls[settings[0][0]]
-  for label, _, _ in settings:
-    wall = statistics.median(walls[label])
-    paired = statistics.median(one / this for one, this in zip(pinned_one, walls[label]))
-    peak = statistics.median(peaks[label])
-    print(f"| {label} | {wall:.1f} s | {input_bytes / wall / 1e6:.0f} MB/s | {statistics.median(cpus[label]):.1f} s |"
-          f" {peak / 2**30:.2f} GiB | {statistics.median(pinned_one) / wall:.2f}x | {paired:.2f}x |")
+  for group in (settings, controls):
+    pinned_one = walls[group[0][0]]
+    for label, _, _, _ in group:
+      wall = statistics.median(walls[label])
+      paired = statistics.median(one / this for one, this in zip(pinned_one, walls[label]))
+      peak = statistics.median(peaks[label])
+      print(f"| {label} | {wall:.1f} s | {input_bytes / wall / 1e6:.0f} MB/s | {statistics.median(cpus[label]):.1f} s"
+            f" | {f'{peak / 2**30:.2f} GiB' if peak else ''} | {statistics.median(pinned_one) / wall:.2f}x |"
+            f" {paired:.2f}x |")
 
 
 def bucket_floor(remote_dir: str, names: list[str], scratch: str) -> tuple[float, float]:
