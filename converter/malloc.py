@@ -30,11 +30,11 @@ def configure() -> bool:
     are reused; the peak is unchanged (the budget bounds what is alive), but the memory is kept until exit.
   """
   try:
-    libc = ctypes.CDLL("libc.so.6")
-  except OSError:
+    mallopt = ctypes.CDLL("libc.so.6").mallopt
+  except (OSError, AttributeError):
     return False
   for option, value in ((M_ARENA_MAX, 1), (M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES),
                         (M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES)):
-    if not libc.mallopt(option, value):
+    if not mallopt(option, value):
       return False
   return True

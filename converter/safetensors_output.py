@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -125,7 +126,10 @@ class SafetensorsStreamWriter:
       )
 
   def abort(self) -> None:
-    self._file.close()
+    """Closes the file of a failed write, whose directory is then removed: an error on closing (a local file is
+    synced as it closes) must not hide the one that made it fail."""
+    with contextlib.suppress(OSError):
+      self._file.close()
 
 
 def assign_shards(specs: Sequence[TensorSpec], max_shard_size: int) -> list[list[int]]:
