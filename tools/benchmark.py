@@ -246,16 +246,30 @@ def compression_floors(input_dir: str, nbytes: int, scratch: str, share: int = 0
   return encode, decoded_seconds
 
 
-def in_child(function, *args):
-  """`function(*args)` (a function of this module) in a child process started the way the conversions are
-  (`_PYTHON`, this environment, malloc configured as the converter configures it): a floor then runs with the
-  same allocator settings as what it bounds (glibc's huge pages for malloc, set by the launcher, take the
-  compression floor from 3.9 to 2.6 s here)."""
-  os.sync()  # As before every conversion (run_sampled).
+def _child_command(function, *args) -> list[str]:
+  """A command running `function(*args)` (a function of this module) in a child process started the way the
+  conversions are (`_PYTHON`, malloc configured as the converter configures it), printing its result as JSON:
+  a floor then runs with the same allocator settings as what it bounds (glibc's huge pages for malloc, set by
+  the launcher, take the compression floor from 3.9 to 2.6 s here). Run it with `_child_env()`."""
   code = ("import json, sys; from converter import malloc; malloc.configure(); from tools import benchmark;"
           f" print(json.dumps(benchmark.{function.__name__}(*json.loads(sys.argv[1]))))")
-  result = subprocess.run([_PYTHON, "-c", code, json.dumps(args)], env=dict(os.environ, PYTHONPATH=_REPO),
-                          capture_output=True, text=True)
+  return [_PYTHON, "-c", code, json.dumps(args)]
+
+
+def _child_env() -> dict[str, str]:
+  return dict(os.environ, PYTHONPATH=_REPO)
+
+
+def _children_cpu_seconds() -> float:
+  """User + system seconds of every child waited for so far."""
+  usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+  return usage.ru_utime + usage.ru_stime
+
+
+def in_child(function, *args):
+  """`function(*args)` in a child process (`_child_command`); returns its result."""
+  os.sync()  # As before every conversion (run_sampled).
+  result = subprocess.run(_child_command(function, *args), env=_child_env(), capture_output=True, text=True)
   if result.returncode:
     sys.exit(f"{function.__name__} failed:\n{result.stderr[-3000:]}")
   return json.loads(result.stdout.strip().splitlines()[-1])
@@ -311,7 +325,7 @@ def run_processes(input_dir: str, output_dir: str, count: int, cores: list[int] 
   address = f"127.0.0.1:{free_port()}"
   children, peaks = [], [0] * count
   os.sync()  # As before every conversion (run_sampled).
-  cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
+  cpu_before = _children_cpu_seconds()
   start = time.monotonic()
   for i in range(count):
     command = _convert_command(input_dir, output_dir, "1")
@@ -336,13 +350,12 @@ def run_processes(input_dir: str, output_dir: str, count: int, cores: list[int] 
   sampler.start()
   results = [c.communicate() for c in children]
   wall = time.monotonic() - start
-  cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)
+  cpu = _children_cpu_seconds() - cpu_before
   done.set()
   sampler.join()
   for child, (_, stderr) in zip(children, results):
     if child.returncode:
       sys.exit(f"{count} processes: a process failed ({child.returncode}):\n{stderr[-3000:]}")
-  cpu = (cpu_after.ru_utime + cpu_after.ru_stime) - (cpu_before.ru_utime + cpu_before.ru_stime)
   return wall, peaks, cpu
 
 
@@ -350,22 +363,19 @@ def run_codec_processes(input_dir: str, nbytes: int, count: int, cores: list[int
   """The compression floor's work (encoding only) split over `count` processes, each pinned to `cores[i]` and
   encoding every `count`-th piece: how far this machine itself scales the codec's work, the control for
   `run_processes`. Returns the wall until the last one exits, no peaks, and the CPU seconds of all of them."""
-  code = ("import json, sys; from converter import malloc; malloc.configure(); from tools import benchmark;"
-          " benchmark.compression_floors(*json.loads(sys.argv[1]))")
   os.sync()
-  cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
+  cpu_before = _children_cpu_seconds()
   start = time.monotonic()
-  children = [subprocess.Popen(["taskset", "-c", str(cores[i]), _PYTHON, "-c", code,
-                                json.dumps([input_dir, nbytes, FLAGS.work_dir, i, count, False])],
-                               env=dict(os.environ, PYTHONPATH=_REPO), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True) for i in range(count)]
+  share = lambda i: _child_command(compression_floors, input_dir, nbytes, FLAGS.work_dir, i, count, False)
+  children = [subprocess.Popen(["taskset", "-c", str(cores[i]), *share(i)], env=_child_env(),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(count)]
   results = [c.communicate() for c in children]
   wall = time.monotonic() - start
-  cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)
+  cpu = _children_cpu_seconds() - cpu_before
   for child, (_, stderr) in zip(children, results):
     if child.returncode:
       sys.exit(f"the codec's work in {count} processes failed:\n{stderr[-3000:]}")
-  return wall, [], (cpu_after.ru_utime + cpu_after.ru_stime) - (cpu_before.ru_utime + cpu_before.ru_stime)
+  return wall, [], cpu
 
 
 def _scaling_runs(input_dir: str, input_bytes: int, env: dict[str, str]) -> None:
@@ -508,7 +518,8 @@ def _row(label: str, devices: str, wall: float, peak: float, out_bytes: int | st
   floor = max(io, codec or 0.0)
   return (f"| {label} | {size} | {devices} | {'on' if FLAGS.scan_layers else 'off'} | {wall:.1f} s |"
           f" {peak / 2**30:.2f} GiB | {out} | {moved_bytes / wall / 1e6:.0f} MB/s | {io:.1f} s |"
-          f" {'' if codec is None else f'{codec:.1f} s'} | {wall / floor:.2f}{note} | {(wall - start_up) / floor:.2f} |")
+          f" {'' if codec is None else f'{codec:.1f} s'} | {wall / floor:.2f}{note} |"
+          f" {(wall - start_up) / floor:.2f} |")
 
 
 def main(argv: list[str]) -> None:
