@@ -146,6 +146,7 @@ class CheckpointReader:
       handler.close()
     self._use_zarr3 = bool(metadata.use_zarr3)
     self._probe_context = self._context(0)
+    self._chunk_shapes: dict[tuple[str, ...], Shape] = {}
     self.arrays: dict[tuple[str, ...], StoredArray] = {}
     self.other_leaves: list[tuple[str, ...]] = []  # Scalars (the step) and anything that is not an array.
     for key_path, value in _flatten(metadata.tree):
@@ -173,15 +174,8 @@ class CheckpointReader:
       values, scales = array.fp8
       scale_index = tuple(i if isinstance(i, slice) else 0 for i in slice_index)
       return OpenFp8Array(self.open(values, slice_index, cache_limit), self.open(scales, scale_index, cache_limit))
-    info = ocp.type_handlers.ParamInfo(
-        name=array.name, parent_dir=epath.Path(self.items_path), use_zarr3=self._use_zarr3,
-        is_ocdbt_checkpoint=self._use_ocdbt, ts_context=self._probe_context,
-    )
-    spec = ts.Spec(ocp.type_handlers.get_json_tspec_read(info, use_ocdbt=self._use_ocdbt))
+    chunk = self.chunk_shape(array)
     try:
-      # Opened once without a chunk cache to learn the chunk shape, then with a cache sized from it.
-      probe = ts.open(spec, open=True, context=self._probe_context).result()
-      chunk = tuple(int(d) for d in probe.chunk_layout.read_chunk.shape)
       context = self._context(cache_bytes(array, chunk, slice_index, cache_limit))
       touched = _chunks_touched(array.shape, chunk, slice_index)
       several_slices = any(not isinstance(i, slice) for i in slice_index)
@@ -189,7 +183,7 @@ class CheckpointReader:
         logging.warning("leaf %s: one slice spans %d chunks of shape %s, more than the %d-byte read cache holds:"
                         " every slice decodes them again (slow, not wrong)", "/".join(array.path), touched, chunk,
                         cache_limit)
-      store = ts.open(spec, open=True, context=context).result()
+      store = ts.open(self._spec(array), open=True, context=context).result()
     except Exception as e:  # TensorStore raises ValueError / RuntimeError with its own status text.
       raise ConversionError(f"{self.items_path}: cannot open leaf {'/'.join(array.path)}: {e}") from e
     if tuple(store.shape) != array.shape or np.dtype(store.dtype.numpy_dtype) != array.dtype:
@@ -198,6 +192,33 @@ class CheckpointReader:
           f" {store.dtype.numpy_dtype}, but _METADATA says {array.shape} {array.dtype}"
       )
     return OpenArray(self, array, store)
+
+  def chunk_shape(self, array: StoredArray) -> Shape:
+    """The shape of the chunks `array` is stored (and decoded) in; of its FP8 values for a dequantized leaf.
+    Learnt by opening the array once without a cache, and remembered."""
+    if array.fp8 is not None:
+      return self.chunk_shape(array.fp8[0])
+    chunk = self._chunk_shapes.get(array.path)
+    if chunk is None:
+      try:
+        probe = ts.open(self._spec(array), open=True, context=self._probe_context).result()
+      except Exception as e:  # TensorStore raises ValueError / RuntimeError with its own status text.
+        raise ConversionError(f"{self.items_path}: cannot open leaf {'/'.join(array.path)}: {e}") from e
+      chunk = self._chunk_shapes[array.path] = tuple(int(d) for d in probe.chunk_layout.read_chunk.shape)
+    return chunk
+
+  def first_chunk(self, array: StoredArray, index: Index) -> tuple[int, ...]:
+    """Grid coordinates of the first stored chunk `array[index]` touches (ints and step-1 slices)."""
+    full = tuple(index) + (slice(None),) * (len(array.shape) - len(index))
+    return tuple((i.indices(size)[0] if isinstance(i, slice) else int(i)) // max(extent, 1)
+                 for i, size, extent in zip(full, array.shape, self.chunk_shape(array)))
+
+  def _spec(self, array: StoredArray) -> ts.Spec:
+    info = ocp.type_handlers.ParamInfo(
+        name=array.name, parent_dir=epath.Path(self.items_path), use_zarr3=self._use_zarr3,
+        is_ocdbt_checkpoint=self._use_ocdbt, ts_context=self._probe_context,
+    )
+    return ts.Spec(ocp.type_handlers.get_json_tspec_read(info, use_ocdbt=self._use_ocdbt))
 
   def _context(self, cache_bytes: int) -> ts.Context:
     spec: dict[str, Any] = {"file_io_concurrency": {"limit": 128}, "cache_pool": {"total_bytes_limit": cache_bytes},

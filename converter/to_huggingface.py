@@ -23,12 +23,13 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
+import itertools
 import json
 import os
 import shutil
 import tempfile
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 from absl import logging
@@ -73,6 +74,26 @@ def written_config(plan: ReversePlan) -> dict[str, Any]:
     text = {k: v for k, v in text.items() if k != "quantization_config"}
     config["text_config"] = {**text, **{k: plan.dtype.name for k in ("dtype", "torch_dtype") if k in text}}
   return config
+
+
+def in_chunk_order(tensors: Sequence[HfTensor], reader: CheckpointReader) -> list[HfTensor]:
+  """`tensors` with each run of consecutive tensors read from one leaf sorted (stably) by the stored chunk its
+  first part starts in.
+
+  The plan lists a stacked expert leaf expert by expert and layer by layer within each expert. Where a chunk holds
+  several experts of one layer (as this converter writes them), that order decodes each chunk once per expert in
+  it, and a model with 48 layers cycles through more chunks than any cache should hold; in chunk order every
+  chunk's reads follow one another, whatever axes the chunks span (MaxText's own saves chunk by device shard,
+  often every layer of a few experts, which is the plan's order already).
+  """
+  def first_chunk(tensor: HfTensor) -> tuple[int, ...]:
+    part = tensor.pieces[0][0]
+    return reader.first_chunk(reader.arrays[part.leaf], part.index)
+
+  ordered: list[HfTensor] = []
+  for _, run in itertools.groupby(tensors, key=lambda tensor: tensor.pieces[0][0].leaf):
+    ordered += sorted(run, key=first_chunk)
+  return ordered
 
 
 class _OpenLeaves:
@@ -121,9 +142,14 @@ class _ReadAhead:
   the other, the pieces took twice the slower of the two. Several reads in flight decode chunks on every core
   while the caller writes. Only the leaves the pieces in flight need stay open, so their chunk caches are all
   that is cached.
+
+  Pieces in chunk order (`in_chunk_order`) share chunks: the reads of the experts one chunk holds all wait on
+  that chunk's single decode. With 4 workers, all 4 waited on one chunk and one core decoded while the other
+  idled; with 16, the reads in flight reach the next chunks too. A waiting worker costs nothing, and the byte
+  budget still bounds what is held.
   """
 
-  WORKERS = 4
+  WORKERS = 16
 
   def __init__(self, items: list[tuple[HfTensor, tuple[HfPart, ...]]], leaves: _OpenLeaves, max_bytes: int):
     self._items = items
@@ -298,13 +324,14 @@ def convert_to_huggingface(
   if not processes.is_primary:
     staging = output_dir if storage.is_remote(output_dir) else _staging_for(output_dir)
   try:
-    shards = [[plan.tensors[i] for i in shard] for shard in assign_shards([t.spec for t in plan.tensors], limit)]
+    tensors = in_chunk_order(plan.tensors, reader)
+    shards = [[tensors[i] for i in shard] for shard in assign_shards([t.spec for t in tensors], limit)]
     names, mine = _write_shards(plan, reader, staging, shards, read_cache_bytes, read_ahead_bytes,
                                 processes)
     processes_lib.barrier("shards written", processes)
     if processes.is_primary:
       if len(names) > 1:
-        index = index_json([t.spec for t in plan.tensors],
+        index = index_json([t.spec for t in tensors],
                            {t.name: name for name, shard in zip(names, shards) for t in shard})
         storage.write_text(storage.join(staging, INDEX_FILE), json.dumps(index, indent=2) + "\n")
       storage.write_text(storage.join(staging, "config.json"),

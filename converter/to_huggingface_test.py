@@ -3,6 +3,7 @@ the writer; its output is on disk before it is renamed into place."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import tempfile
 import threading
@@ -13,6 +14,7 @@ import numpy as np
 from absl.testing import absltest
 
 from converter import to_huggingface
+from converter.checkpoint_reader import CheckpointReader, StoredArray
 from converter.errors import ConversionError
 from converter.reverse_plan import HfPart, HfTensor
 
@@ -78,6 +80,56 @@ class ReadAheadTest(absltest.TestCase):
     items = [(_tensor(f"t{i}", 1), (_PART,)) for i in range(5)]
     with self.assertRaisesRegex(ConversionError, "damaged chunk"):
       self.run_read_ahead(items, 1 << 20, piece)
+
+
+class _ChunkedReader:
+  """A checkpoint's metadata (leaf shapes and stored chunk shapes) for `in_chunk_order`, with the real reader's
+  arithmetic for the chunk a slice starts in."""
+
+  def __init__(self, chunks: dict[tuple[str, ...], tuple[tuple[int, ...], tuple[int, ...]]]):
+    self.arrays = {leaf: StoredArray(leaf, ".".join(leaf), shape, np.dtype(np.float32))
+                   for leaf, (shape, _) in chunks.items()}
+    self._chunks = {leaf: chunk for leaf, (_, chunk) in chunks.items()}
+
+  def chunk_shape(self, array: StoredArray) -> tuple[int, ...]:
+    return self._chunks[array.path]
+
+  first_chunk = CheckpointReader.first_chunk
+
+
+def _expert_tensors(leaf: tuple[str, ...], experts: int, layers: int) -> list[HfTensor]:
+  """One HF tensor per (expert, layer) of a stacked expert leaf, in the plan's order: expert by expert."""
+  return [HfTensor(f"{leaf[-1]}.{expert}.{layer}", (4, 3), np.dtype(np.float32),
+                   ((HfPart(leaf, (expert, layer), (), None),),), False, True)
+          for expert in range(experts) for layer in range(layers)]
+
+
+class ChunkOrderTest(absltest.TestCase):
+  WI, WO = ("params", "params", "wi"), ("params", "params", "wo")
+
+  def test_chunks_of_several_experts_of_one_layer_are_each_read_in_one_run(self):
+    reader = _ChunkedReader({self.WI: ((6, 5, 4, 3), (2, 1, 4, 3)), self.WO: ((6, 5, 3, 4), (6, 5, 3, 4))})
+    tensors = _expert_tensors(self.WI, 6, 5) + _expert_tensors(self.WO, 6, 5)
+    ordered = to_huggingface.in_chunk_order(tensors, reader)
+    self.assertCountEqual([t.name for t in ordered], [t.name for t in tensors])
+    wi = [t.pieces[0][0].index for t in ordered[:30]]
+    # Layer 0's chunk of experts 0-1, then layer 1's; experts 2-3 only once every layer's chunk of 0-1 is done.
+    self.assertEqual(wi[:4], [(0, 0), (1, 0), (0, 1), (1, 1)])
+    chunks = [(expert // 2, layer) for expert, layer in wi]
+    runs = [chunk for chunk, _ in itertools.groupby(chunks)]
+    self.assertEqual(len(runs), len(set(chunks)))  # The plan's order enters each of these chunks twice.
+    self.assertEqual(ordered[30:], tensors[30:])  # One chunk for the whole leaf: the plan's order stays.
+
+  def test_chunks_spanning_every_layer_keep_the_plans_expert_order(self):
+    reader = _ChunkedReader({self.WI: ((6, 5, 4, 3), (2, 5, 4, 3))})
+    tensors = _expert_tensors(self.WI, 6, 5)
+    self.assertEqual(to_huggingface.in_chunk_order(tensors, reader), tensors)
+
+  def test_tensors_of_different_leaves_keep_their_order(self):
+    reader = _ChunkedReader({self.WI: ((6, 5, 4, 3), (1, 1, 4, 3)), self.WO: ((6, 5, 3, 4), (1, 1, 3, 4))})
+    tensors = _expert_tensors(self.WO, 6, 5) + _expert_tensors(self.WI, 6, 5)
+    ordered = to_huggingface.in_chunk_order(tensors, reader)
+    self.assertEqual([t.pieces[0][0].leaf for t in ordered], [self.WO] * 30 + [self.WI] * 30)
 
 
 class PublishTest(absltest.TestCase):

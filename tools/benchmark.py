@@ -187,7 +187,7 @@ def io_floor(files: list[str], write_bytes: int, scratch: str) -> float:
 
 
 def compression_floors(input_dir: str, nbytes: int, scratch: str, share: int = 0, shares: int = 1,
-                       decode: bool = True) -> tuple[float, float | None]:
+                       decode: bool = True) -> tuple[float, float | None, float, float | None]:
   """Seconds to push `nbytes` of the input's tensor bytes (repeated when the output is larger, as a dequantized
   FP8 checkpoint is) through the codec Orbax writes with, zstd level 3 in a zarr3 array on the local disk,
   through tensorstore on every core, and to read them back into a file: the other floors a conversion cannot
@@ -196,7 +196,8 @@ def compression_floors(input_dir: str, nbytes: int, scratch: str, share: int = 0
   the encoded chunks, decoding reads the chunks and writes the decoded bytes (written behind, as the reverse
   writes its safetensors). `input_dir` holds the bytes the output is made of (for a quantized checkpoint: its
   dequantized copy). With `shares`, only every `shares`-th 64 MiB piece from piece `share` on: one process's
-  part of the same work (the scaling runs' control)."""
+  part of the same work (the scaling runs' control). Returns the seconds of each, and the CPU seconds (all
+  threads, user + system) of each: what the same work costs the conversion's cores."""
   import tensorstore as ts  # pylint: disable=g-import-not-at-top
 
   piece = 64 << 20
@@ -229,21 +230,24 @@ def compression_floors(input_dir: str, nbytes: int, scratch: str, share: int = 0
             yield np.frombuffer(data, np.uint16)
 
   window = lambda i: store[i * (piece // 2):(i + 1) * (piece // 2)]
+  cpu_start = time.process_time()
   with write_behind.WriteBehindDirectory(path, data_dirs=("c",)):  # zarr3's chunk files, as the conversions' own.
     encode = _in_flight((lambda i=i, values=values: window(i).write(values) for i, values in enumerate(pieces())),
                         4)
+  encode_cpu = time.process_time() - cpu_start
   if not decode:
     shutil.rmtree(path, ignore_errors=True)
-    return encode, None
+    return encode, None, encode_cpu, None
   warm(path)  # Written behind, hence dropped: read back from the cache, as the reverse reads its checkpoint.
   decoded_path = os.path.join(scratch, f"decompression-floor-{share}.bin")
-  start = time.monotonic()
+  start, cpu_start = time.monotonic(), time.process_time()
   with write_behind.WriteBehindFile(decoded_path) as decoded:
     _in_flight((lambda i=i: window(i).read() for i in range(count)), 4, decoded.write)
   decoded_seconds = time.monotonic() - start  # Closing synced the file.
+  decode_cpu = time.process_time() - cpu_start
   os.remove(decoded_path)
   shutil.rmtree(path, ignore_errors=True)
-  return encode, decoded_seconds
+  return encode, decoded_seconds, encode_cpu, decode_cpu
 
 
 def _child_command(function, *args) -> list[str]:
@@ -303,12 +307,16 @@ def _convert_command(input_dir: str, output_dir: str, devices: str, *flags_: str
   return command
 
 
-def _run(label: str, command: list[str], env: dict[str, str], cgroup: MemoryCgroup | None) -> tuple[float, int]:
+def _run(label: str, command: list[str], env: dict[str, str],
+         cgroup: MemoryCgroup | None) -> tuple[float, int, float]:
+  """Wall seconds, peak RSS and CPU seconds (user + system, every thread) of `command`."""
+  cpu_before = _children_cpu_seconds()
   wall, peak, result = run_sampled(cgroup.wrap(command) if cgroup else command, env)
+  cpu = _children_cpu_seconds() - cpu_before
   if result.returncode:
     sys.exit(f"{label} failed ({result.returncode}):\n{result.stderr[-3000:]}")
-  print(f"{label} wall={wall:.1f}s peak_rss={peak / 2**30:.2f}GiB", flush=True)
-  return wall, peak
+  print(f"{label} wall={wall:.1f}s cpu={cpu:.1f}s peak_rss={peak / 2**30:.2f}GiB", flush=True)
+  return wall, peak, cpu
 
 
 def _has_native_fp8(input_dir: str) -> bool:
@@ -485,7 +493,7 @@ def _bucket_runs(input_dir: str, env: dict[str, str], cgroup: MemoryCgroup | Non
       for _ in range(FLAGS.runs):
         if fs.exists(remote_output):
           fs.rm(remote_output, recursive=True)
-        wall, peak = _run(f"bucket devices={devices}", _convert_command(remote_input, remote_output, devices), env,
+        wall, peak, _ = _run(f"bucket devices={devices}", _convert_command(remote_input, remote_output, devices), env,
                           cgroup)
         walls.append(wall)
         peaks.append(peak)
@@ -512,14 +520,14 @@ def _reverse_command(items_path: str, output_dir: str) -> list[str]:
 
 
 def _row(label: str, devices: str, wall: float, peak: float, out_bytes: int | str, moved_bytes: int, io: float,
-         codec: float | None, start_up: float, note: str = "") -> str:
+         codec: float | None, start_up: float, note: str = "", cpu: tuple[float, float] | None = None) -> str:
   size = f"{moved_bytes / 1e9:.1f} GB"
   out = f"{out_bytes / 1e9:.2f} GB" if isinstance(out_bytes, int) else out_bytes
   floor = max(io, codec or 0.0)
   return (f"| {label} | {size} | {devices} | {'on' if FLAGS.scan_layers else 'off'} | {wall:.1f} s |"
           f" {peak / 2**30:.2f} GiB | {out} | {moved_bytes / wall / 1e6:.0f} MB/s | {io:.1f} s |"
           f" {'' if codec is None else f'{codec:.1f} s'} | {wall / floor:.2f}{note} |"
-          f" {(wall - start_up) / floor:.2f} |")
+          f" {(wall - start_up) / floor:.2f} | {'' if cpu is None else f'{cpu[0]:.1f} / {cpu[1]:.1f}'} |")
 
 
 def main(argv: list[str]) -> None:
@@ -547,33 +555,38 @@ def main(argv: list[str]) -> None:
   input_bytes = _du(input_dir)
   output_floor_bytes = input_bytes * (2 if quantized else 1)  # FP8 becomes bfloat16.
   floors, native_floors, encodes, decodes, reverse_floors = [], [], [], [], []
+  encode_cpus, decode_cpus = [], []
   rows, native_rows, reverse_rows = [], [], []
   for devices in FLAGS.devices:
-    walls, peaks, routes, native_runs, reverse_runs = [], [], [], [], []
+    walls, peaks, cpus, routes, native_runs, reverse_runs = [], [], [], [], [], []
     for _ in range(FLAGS.runs):
       shutil.rmtree(output_dir, ignore_errors=True)  # Disk: input + the floor's copy must fit, not + output too.
       floors.append(in_child(io_floor, input_files, output_floor_bytes, FLAGS.work_dir))
       if not quantized:
-        encode, decode = in_child(compression_floors, input_dir, output_floor_bytes, FLAGS.work_dir)
+        encode, decode, encode_cpu, decode_cpu = in_child(compression_floors, input_dir, output_floor_bytes,
+                                                          FLAGS.work_dir)
         encodes.append(encode)
         decodes.append(decode)
-      wall, peak = _run(f"devices={devices}", _convert_command(input_dir, output_dir, devices), env, cgroup)
+        encode_cpus.append(encode_cpu)
+        decode_cpus.append(decode_cpu)
+      wall, peak, cpu = _run(f"devices={devices}", _convert_command(input_dir, output_dir, devices), env, cgroup)
       walls.append(wall)
       peaks.append(peak)
+      cpus.append(cpu)
       out_bytes = _du(output_dir)
       if FLAGS.reverse:
         shutil.rmtree(back_dir, ignore_errors=True)
         warm(output_dir)
-        reverse_wall, reverse_peak = _run("  back to HuggingFace", _reverse_command(
+        reverse_wall, reverse_peak, reverse_cpu = _run("  back to HuggingFace", _reverse_command(
             os.path.join(output_dir, "0", "items"), back_dir), env, cgroup)
         back_bytes = _du(back_dir)
         shutil.rmtree(back_dir, ignore_errors=True)
         reverse_floors.append(in_child(io_floor, _files(output_dir), back_bytes, FLAGS.work_dir))
-        reverse_runs.append((reverse_wall, reverse_peak, back_bytes))
+        reverse_runs.append((reverse_wall, reverse_peak, back_bytes, reverse_cpu))
       if native:
         shutil.rmtree(output_dir, ignore_errors=True)
         native_floors.append(in_child(io_floor, input_files, input_bytes, FLAGS.work_dir))
-        native_wall, native_peak = _run("  --keep_fp8", _convert_command(input_dir, output_dir, devices, "--keep_fp8"),
+        native_wall, native_peak, _ = _run("  --keep_fp8", _convert_command(input_dir, output_dir, devices, "--keep_fp8"),
                                         env, cgroup)
         native_runs.append((native_wall, native_peak, _du(output_dir)))
       if quantized:
@@ -581,45 +594,51 @@ def main(argv: list[str]) -> None:
         shutil.rmtree(copy_dir, ignore_errors=True)
         dequantize = [_PYTHON, os.path.join(_REPO, "tools", "dequantize_checkpoint.py"), f"--input={input_dir}",
                       f"--output={copy_dir}"]
-        pass_wall, pass_peak = _run("  dequantize pass", dequantize, env, cgroup)
+        pass_wall, pass_peak, _ = _run("  dequantize pass", dequantize, env, cgroup)
         # The codec's floor on the bytes the conversion writes: dequantized weights compress unlike the packed
         # FP8 input (zstd took 3x as long per byte on DeepSeek-shaped ones).
         copy_bytes = sum(os.path.getsize(f) for f in _files(copy_dir, ".safetensors"))
-        encode, decode = in_child(compression_floors, copy_dir, copy_bytes, FLAGS.work_dir)
+        encode, decode, encode_cpu, decode_cpu = in_child(compression_floors, copy_dir, copy_bytes, FLAGS.work_dir)
         encodes.append(encode)
         decodes.append(decode)
-        copy_wall, copy_peak = _run("  convert the bf16 copy", _convert_command(copy_dir, output_dir, devices), env,
+        encode_cpus.append(encode_cpu)
+        decode_cpus.append(decode_cpu)
+        copy_wall, copy_peak, _ = _run("  convert the bf16 copy", _convert_command(copy_dir, output_dir, devices), env,
                                     cgroup)
         routes.append((pass_wall, pass_peak, copy_wall, copy_peak))
         shutil.rmtree(copy_dir, ignore_errors=True)
     median = lambda runs, k: statistics.median(r[k] for r in runs)
     rows.append((devices, statistics.median(walls), statistics.median(peaks), out_bytes,
-                 [median(routes, k) for k in range(4)] if routes else None))
+                 [median(routes, k) for k in range(4)] if routes else None, statistics.median(cpus)))
     if native_runs:
       native_rows.append((devices, *(median(native_runs, k) for k in range(3))))
     if reverse_runs:
-      reverse_rows.append((devices, *(median(reverse_runs, k) for k in range(3))))
+      reverse_rows.append((devices, *(median(reverse_runs, k) for k in range(4))))
   shutil.rmtree(output_dir, ignore_errors=True)
-  io, encode, decode = (statistics.median(x) for x in (floors, encodes, decodes))
+  io, encode, decode, encode_cpu, decode_cpu = (statistics.median(x) for x in (floors, encodes, decodes,
+                                                                              encode_cpus, decode_cpus))
   start_up = start_up_seconds(3)
   print(f"\ninput {input_bytes / 1e9:.2f} GB; I/O floor (read the input + write"
         f" {output_floor_bytes / 1e9:.2f} GB, fsync) median {io:.1f} s; compression floor (the"
         f" {'dequantized copy' if quantized else f'{output_floor_bytes / 1e9:.2f} GB'} through zstd level 3,"
         f" Orbax's zarr3 codec, via tensorstore on every core)"
-        f" median {encode:.1f} s, decompression (reading them back into a file, synced) {decode:.1f} s; start-up"
+        f" median {encode:.1f} s ({encode_cpu:.1f} CPU-s), decompression (reading them back into a file, synced)"
+        f" {decode:.1f} s ({decode_cpu:.1f} CPU-s); start-up"
         f" (the bundled tiny checkpoint) {start_up:.2f} s")
   # The floors are the work alone; the last column takes the start-up out of the wall too: on a checkpoint of
-  # a few GB it is a fifth of the floor, on one of a TB nothing.
+  # a few GB it is a fifth of the floor, on one of a TB nothing. CPU seconds say which wall is bound by work
+  # (CPU near cores x wall: only less work per byte helps) and which by waiting (cores left idle).
   print("| conversion | size | devices | scan | wall (median) | peak RSS | output | throughput | I/O floor |"
-        " compression floor | wall / max(floors) | (wall - start-up) / max(floors) |")
-  print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-  for devices, wall, peak, out_bytes, _ in rows:
-    print(_row(f"{FLAGS.family} -> MaxText", devices, wall, peak, out_bytes, input_bytes, io, encode, start_up))
+        " compression floor | wall / max(floors) | (wall - start-up) / max(floors) | CPU-s: conversion / codec floor |")
+  print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+  for devices, wall, peak, out_bytes, _, cpu in rows:
+    print(_row(f"{FLAGS.family} -> MaxText", devices, wall, peak, out_bytes, input_bytes, io, encode, start_up,
+               cpu=(cpu, encode_cpu)))
   if reverse_rows:
     reverse_io = statistics.median(reverse_floors)
-    for devices, wall, peak, back_bytes in reverse_rows:
+    for devices, wall, peak, back_bytes, cpu in reverse_rows:
       print(_row("MaxText -> HuggingFace", devices, wall, peak, back_bytes, back_bytes, reverse_io, decode,
-                 start_up))
+                 start_up, cpu=(cpu, decode_cpu)))
   if native_rows:
     native_floor = statistics.median(native_floors)
     for devices, wall, peak, out_bytes in native_rows:
@@ -637,14 +656,14 @@ def main(argv: list[str]) -> None:
 
 def _print_route_rows(rows: list, input_bytes: int, io: float, zstd: float) -> None:
   floor = max(io, zstd)
-  for devices, wall, _, _, route in rows:
+  for devices, wall, _, _, route, _ in rows:
     if route:
       pass_wall, pass_peak, copy_wall, copy_peak = route
       print(f"| {FLAGS.family} -> MaxText, dequantize-then-convert (MaxText's route) | {input_bytes / 1e9:.1f} GB |"
             f" {devices} | {'on' if FLAGS.scan_layers else 'off'} | {pass_wall + copy_wall:.1f} s ({pass_wall:.1f} s"
             f" pass + {copy_wall:.1f} s conversion) | {max(pass_peak, copy_peak) / 2**30:.2f} GiB (bf16 conversion"
             f" {copy_peak / 2**30:.2f} GiB) | | | {io:.1f} s | {zstd:.1f} s | {(pass_wall + copy_wall) / floor:.2f}"
-            f" ({(pass_wall + copy_wall) / wall:.2f}x the direct conversion) | |")
+            f" ({(pass_wall + copy_wall) / wall:.2f}x the direct conversion) | | |")
 
 
 if __name__ == "__main__":
