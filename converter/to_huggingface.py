@@ -83,8 +83,8 @@ def in_chunk_order(tensors: Sequence[HfTensor], reader: CheckpointReader) -> lis
   The plan lists a stacked expert leaf expert by expert and layer by layer within each expert. Where a chunk holds
   several experts of one layer (as this converter writes them), that order decodes each chunk once per expert in
   it, and a model with 48 layers cycles through more chunks than any cache should hold; in chunk order every
-  chunk's reads follow one another, whatever axes the chunks span (MaxText's own saves chunk by device shard,
-  often every layer of a few experts, which is the plan's order already).
+  chunk's reads follow one another, whatever axes the chunks span (chunks spanning every layer, as Orbax
+  writes a leaf sharded by device along its experts, keep the plan's order).
   """
   def first_chunk(tensor: HfTensor) -> tuple[int, ...]:
     part = tensor.pieces[0][0]
