@@ -175,17 +175,13 @@ class CheckpointReader:
       scale_index = tuple(i if isinstance(i, slice) else 0 for i in slice_index)
       return OpenFp8Array(self.open(values, slice_index, cache_limit), self.open(scales, scale_index, cache_limit))
     chunk = self.chunk_shape(array)
-    try:
-      context = self._context(cache_bytes(array, chunk, slice_index, cache_limit))
-      touched = _chunks_touched(array.shape, chunk, slice_index)
-      several_slices = any(not isinstance(i, slice) for i in slice_index)
-      if several_slices and touched > 1 and touched * math.prod(chunk) * array.dtype.itemsize > cache_limit:
-        logging.warning("leaf %s: one slice spans %d chunks of shape %s, more than the %d-byte read cache holds:"
-                        " every slice decodes them again (slow, not wrong)", "/".join(array.path), touched, chunk,
-                        cache_limit)
-      store = ts.open(self._spec(array), open=True, context=context).result()
-    except Exception as e:  # TensorStore raises ValueError / RuntimeError with its own status text.
-      raise ConversionError(f"{self.items_path}: cannot open leaf {'/'.join(array.path)}: {e}") from e
+    touched = _chunks_touched(array.shape, chunk, slice_index)
+    several_slices = any(not isinstance(i, slice) for i in slice_index)
+    if several_slices and touched > 1 and touched * math.prod(chunk) * array.dtype.itemsize > cache_limit:
+      logging.warning("leaf %s: one slice spans %d chunks of shape %s, more than the %d-byte read cache holds:"
+                      " every slice decodes them again (slow, not wrong)", "/".join(array.path), touched, chunk,
+                      cache_limit)
+    store = self._open_store(array, self._context(cache_bytes(array, chunk, slice_index, cache_limit)))
     if tuple(store.shape) != array.shape or np.dtype(store.dtype.numpy_dtype) != array.dtype:
       raise ConversionError(
           f"{self.items_path}: leaf {'/'.join(array.path)} is stored as {tuple(store.shape)}"
@@ -200,10 +196,7 @@ class CheckpointReader:
       return self.chunk_shape(array.fp8[0])
     chunk = self._chunk_shapes.get(array.path)
     if chunk is None:
-      try:
-        probe = ts.open(self._spec(array), open=True, context=self._probe_context).result()
-      except Exception as e:  # TensorStore raises ValueError / RuntimeError with its own status text.
-        raise ConversionError(f"{self.items_path}: cannot open leaf {'/'.join(array.path)}: {e}") from e
+      probe = self._open_store(array, self._probe_context)
       chunk = self._chunk_shapes[array.path] = tuple(int(d) for d in probe.chunk_layout.read_chunk.shape)
     return chunk
 
@@ -213,12 +206,17 @@ class CheckpointReader:
     return tuple((i.indices(size)[0] if isinstance(i, slice) else int(i)) // max(extent, 1)
                  for i, size, extent in zip(full, array.shape, self.chunk_shape(array)))
 
-  def _spec(self, array: StoredArray) -> ts.Spec:
+  def _open_store(self, array: StoredArray, context: ts.Context) -> Any:
+    """`array` opened through the read spec Orbax itself uses, with `context`'s chunk cache."""
     info = ocp.type_handlers.ParamInfo(
         name=array.name, parent_dir=epath.Path(self.items_path), use_zarr3=self._use_zarr3,
         is_ocdbt_checkpoint=self._use_ocdbt, ts_context=self._probe_context,
     )
-    return ts.Spec(ocp.type_handlers.get_json_tspec_read(info, use_ocdbt=self._use_ocdbt))
+    spec = ts.Spec(ocp.type_handlers.get_json_tspec_read(info, use_ocdbt=self._use_ocdbt))
+    try:
+      return ts.open(spec, open=True, context=context).result()
+    except Exception as e:  # TensorStore raises ValueError / RuntimeError with its own status text.
+      raise ConversionError(f"{self.items_path}: cannot open leaf {'/'.join(array.path)}: {e}") from e
 
   def _context(self, cache_bytes: int) -> ts.Context:
     spec: dict[str, Any] = {"file_io_concurrency": {"limit": 128}, "cache_pool": {"total_bytes_limit": cache_bytes},

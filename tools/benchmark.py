@@ -493,8 +493,8 @@ def _bucket_runs(input_dir: str, env: dict[str, str], cgroup: MemoryCgroup | Non
       for _ in range(FLAGS.runs):
         if fs.exists(remote_output):
           fs.rm(remote_output, recursive=True)
-        wall, peak, _ = _run(f"bucket devices={devices}", _convert_command(remote_input, remote_output, devices), env,
-                          cgroup)
+        wall, peak, _ = _run(f"bucket devices={devices}", _convert_command(remote_input, remote_output, devices),
+                             env, cgroup)
         walls.append(wall)
         peaks.append(peak)
       rows.append((devices, statistics.median(walls), statistics.median(peaks)))
@@ -554,8 +554,8 @@ def main(argv: list[str]) -> None:
   input_files = _files(input_dir, ".safetensors")
   input_bytes = _du(input_dir)
   output_floor_bytes = input_bytes * (2 if quantized else 1)  # FP8 becomes bfloat16.
-  floors, native_floors, encodes, decodes, reverse_floors = [], [], [], [], []
-  encode_cpus, decode_cpus = [], []
+  floors, native_floors, codec_floors, reverse_floors = [], [], [], []  # codec: (encode, decode, their CPU-s)
+  median = lambda runs, k: statistics.median(r[k] for r in runs)
   rows, native_rows, reverse_rows = [], [], []
   for devices in FLAGS.devices:
     walls, peaks, cpus, routes, native_runs, reverse_runs = [], [], [], [], [], []
@@ -563,12 +563,7 @@ def main(argv: list[str]) -> None:
       shutil.rmtree(output_dir, ignore_errors=True)  # Disk: input + the floor's copy must fit, not + output too.
       floors.append(in_child(io_floor, input_files, output_floor_bytes, FLAGS.work_dir))
       if not quantized:
-        encode, decode, encode_cpu, decode_cpu = in_child(compression_floors, input_dir, output_floor_bytes,
-                                                          FLAGS.work_dir)
-        encodes.append(encode)
-        decodes.append(decode)
-        encode_cpus.append(encode_cpu)
-        decode_cpus.append(decode_cpu)
+        codec_floors.append(in_child(compression_floors, input_dir, output_floor_bytes, FLAGS.work_dir))
       wall, peak, cpu = _run(f"devices={devices}", _convert_command(input_dir, output_dir, devices), env, cgroup)
       walls.append(wall)
       peaks.append(peak)
@@ -586,8 +581,8 @@ def main(argv: list[str]) -> None:
       if native:
         shutil.rmtree(output_dir, ignore_errors=True)
         native_floors.append(in_child(io_floor, input_files, input_bytes, FLAGS.work_dir))
-        native_wall, native_peak, _ = _run("  --keep_fp8", _convert_command(input_dir, output_dir, devices, "--keep_fp8"),
-                                        env, cgroup)
+        native_wall, native_peak, _ = _run("  --keep_fp8",
+                                           _convert_command(input_dir, output_dir, devices, "--keep_fp8"), env, cgroup)
         native_runs.append((native_wall, native_peak, _du(output_dir)))
       if quantized:
         shutil.rmtree(output_dir, ignore_errors=True)
@@ -598,16 +593,11 @@ def main(argv: list[str]) -> None:
         # The codec's floor on the bytes the conversion writes: dequantized weights compress unlike the packed
         # FP8 input (zstd took 3x as long per byte on DeepSeek-shaped ones).
         copy_bytes = sum(os.path.getsize(f) for f in _files(copy_dir, ".safetensors"))
-        encode, decode, encode_cpu, decode_cpu = in_child(compression_floors, copy_dir, copy_bytes, FLAGS.work_dir)
-        encodes.append(encode)
-        decodes.append(decode)
-        encode_cpus.append(encode_cpu)
-        decode_cpus.append(decode_cpu)
-        copy_wall, copy_peak, _ = _run("  convert the bf16 copy", _convert_command(copy_dir, output_dir, devices), env,
-                                    cgroup)
+        codec_floors.append(in_child(compression_floors, copy_dir, copy_bytes, FLAGS.work_dir))
+        copy_wall, copy_peak, _ = _run("  convert the bf16 copy", _convert_command(copy_dir, output_dir, devices),
+                                       env, cgroup)
         routes.append((pass_wall, pass_peak, copy_wall, copy_peak))
         shutil.rmtree(copy_dir, ignore_errors=True)
-    median = lambda runs, k: statistics.median(r[k] for r in runs)
     rows.append((devices, statistics.median(walls), statistics.median(peaks), out_bytes,
                  [median(routes, k) for k in range(4)] if routes else None, statistics.median(cpus)))
     if native_runs:
@@ -615,8 +605,8 @@ def main(argv: list[str]) -> None:
     if reverse_runs:
       reverse_rows.append((devices, *(median(reverse_runs, k) for k in range(4))))
   shutil.rmtree(output_dir, ignore_errors=True)
-  io, encode, decode, encode_cpu, decode_cpu = (statistics.median(x) for x in (floors, encodes, decodes,
-                                                                              encode_cpus, decode_cpus))
+  io = statistics.median(floors)
+  encode, decode, encode_cpu, decode_cpu = (median(codec_floors, k) for k in range(4))
   start_up = start_up_seconds(3)
   print(f"\ninput {input_bytes / 1e9:.2f} GB; I/O floor (read the input + write"
         f" {output_floor_bytes / 1e9:.2f} GB, fsync) median {io:.1f} s; compression floor (the"
