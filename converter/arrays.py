@@ -6,6 +6,8 @@ import math
 
 import numpy as np
 
+Shape = tuple[int, ...]  # An array's shape, everywhere in the converter.
+
 _CACHE_LINE = 64
 _SLAB_ROWS = (16, 64)  # The fewest and most source rows `transpose_last_two` copies at a time.
 _SCRATCH_BYTES = 2 << 20  # ... and as many as fit here (about this machine's L2): measured best.

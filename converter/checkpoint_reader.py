@@ -30,10 +30,10 @@ from absl import logging
 import tensorstore as ts
 from etils import epath
 
+from converter.arrays import Shape
 from converter import storage
 from converter.errors import ConversionError
 
-Shape = tuple[int, ...]
 Index = tuple[Any, ...]  # ints and slices, as numpy takes them.
 
 

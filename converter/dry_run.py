@@ -33,6 +33,16 @@ def predicted_peak_bytes(plan: Plan, baseline_bytes: int, max_inflight_bytes: in
   return int(baseline_bytes + INFLIGHT_OVERHEAD * inflight)
 
 
+def _read_formats(plan: Plan) -> collections.Counter[str]:
+  """How many of the tensors the leaves read are stored in each format. Not every tensor of the source: those the
+  plan skips (DeepSeek's multi-token-prediction layers, rotary caches) are never read, so are not counted. A
+  tensor is counted once per leaf, however many of its experts the leaf reads, as the leaf's `sources` list it."""
+  formats: collections.Counter[str] = collections.Counter()
+  for leaf in plan.leaves:
+    formats.update({tensor.name: tensor.format for tensor in leaf.loader.source_tensors()}.values())
+  return formats
+
+
 def describe(plan: Plan, *, baseline_bytes: int, max_inflight_bytes: int, shares: list[int] | None = None) -> str:
   """The plan as text; `shares`: the bytes each process would write (several processes)."""
   quantized = plan.source.quant_method
@@ -51,12 +61,11 @@ def describe(plan: Plan, *, baseline_bytes: int, max_inflight_bytes: int, shares
     sources = ", ".join(leaf.sources[:2]) + (f" ... ({len(leaf.sources)} tensors)" if len(leaf.sources) > 2 else "")
     lines.append(f"{leaf.name:{width}}  {str(leaf.shape):22}  {leaf.dtype.name:8}  {leaf.nbytes:>12,}"
                  f"  {formats[leaf.name]:{format_width}}  {sources}")
-  tensors = collections.Counter(t.format for t in plan.source.tensors.values())
+  tensors = _read_formats(plan)
   lines += [
       "",
       f"leaves:            {len(plan.leaves)}",
-      f"source tensors:    {sum(len(leaf.sources) for leaf in plan.leaves)}"
-      f" ({', '.join(f'{n} {f}' for f, n in sorted(tensors.items()))})",
+      f"source tensors:    {sum(tensors.values())} ({', '.join(f'{n} {f}' for f, n in sorted(tensors.items()))})",
       f"bytes to write:    {plan.total_bytes:,} ({_human(plan.total_bytes)})",
       f"predicted peak RSS: {_human(predicted_peak_bytes(plan, baseline_bytes, max_inflight_bytes))}"
       f" (budget {_human(max_inflight_bytes)})",

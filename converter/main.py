@@ -10,7 +10,6 @@ MaxText then loads it with `load_parameters_path=<output_dir>/0/items`. And back
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import json
 import logging as std_logging
@@ -23,6 +22,7 @@ import time
 from absl import app, flags, logging
 
 from converter import malloc
+from converter.options import PlanOptions, ReverseOptions, RunContext, SaveOptions
 
 FLAGS = flags.FLAGS
 
@@ -114,6 +114,13 @@ def _peak_rss_bytes() -> int:
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def _run_context(**kwargs) -> RunContext:
+  """The run around a conversion; JAX (and its distributed runtime) must have started."""
+  from converter import processes  # pylint: disable=g-import-not-at-top
+
+  return RunContext(processes=processes.current(), overwrite=FLAGS.overwrite, resume=FLAGS.resume, **kwargs)
+
+
 def _run_to_huggingface() -> None:
   _start_jax(1, distributed=True)  # Nothing is placed on devices: arrays are read slice by slice into numpy.
   from converter import to_huggingface  # pylint: disable=g-import-not-at-top
@@ -121,19 +128,16 @@ def _run_to_huggingface() -> None:
   _start_up_done()
 
   start = time.monotonic()
-  output_dir = _resolve(FLAGS.output_dir)
-  with _output_locked(output_dir) if _is_primary() else contextlib.nullcontext():
-    result = to_huggingface.convert_to_huggingface(
-        _resolve(FLAGS.checkpoint_path),
-        output_dir,
-        max_shard_size=FLAGS.max_shard_size,
-        family=FLAGS.family,
-        overwrite=FLAGS.overwrite,
-        hf_config_path=_resolve(FLAGS.hf_config_path) if FLAGS.hf_config_path else None,
-        target_model=FLAGS.target_model,
-        read_ahead_bytes=FLAGS.max_inflight_bytes,
-        processes=_processes(),
-    )
+  run = _run_context()
+  options = ReverseOptions(
+      max_shard_size=FLAGS.max_shard_size,
+      family=FLAGS.family,
+      hf_config_path=_resolve(FLAGS.hf_config_path) if FLAGS.hf_config_path else None,
+      target_model=FLAGS.target_model,
+      read_ahead_bytes=FLAGS.max_inflight_bytes,
+  )
+  result = to_huggingface.convert_to_huggingface(_resolve(FLAGS.checkpoint_path), _resolve(FLAGS.output_dir),
+                                                 options, run)
   seconds = time.monotonic() - start
   plan = result.plan
   print(f"family:        {plan.family.name} ({plan.config.architecture}), from target model {plan.target_model}")
@@ -144,9 +148,8 @@ def _run_to_huggingface() -> None:
   print(f"seconds:       {seconds:.2f}")
   print(f"peak RSS:      {_peak_rss_bytes() / 2**20:.0f} MiB")
   print(f"output:        {result.output_dir}")
-  shares = _processes()
-  if shares.count > 1:
-    print(f"process:       {shares.index} of {shares.count}, wrote {len(result.written_files)} of"
+  if run.processes.count > 1:
+    print(f"process:       {run.processes.index} of {run.processes.count}, wrote {len(result.written_files)} of"
           f" {len(result.files)} shards")
   for warning in plan.warnings:
     print(f"warning:       {warning}")
@@ -172,16 +175,25 @@ def run() -> None:
     _run_to_maxtext()
 
 
+def _plan_options() -> PlanOptions:
+  return PlanOptions(scan_layers=FLAGS.scan_layers, save_dtype=FLAGS.save_dtype, target_model=FLAGS.target_model,
+                     target_vocab_size=FLAGS.target_vocab_size, allow_unused_tensors=FLAGS.allow_unused_tensors,
+                     keep_fp8=FLAGS.keep_fp8)
+
+
 def _run_to_maxtext() -> None:
+  from converter import conversion  # pylint: disable=g-import-not-at-top
   from converter.progress import Progress  # pylint: disable=g-import-not-at-top
 
+  _start_up_done()
   start = time.monotonic()
   progress = Progress(enabled=FLAGS.progress)
-  output_dir = _resolve(FLAGS.output_dir)
-  cancel = _cancel_on_signals()
+  run = _run_context(progress=progress, cancel=_cancel_on_signals())
+  save_options = SaveOptions(lazy=FLAGS.lazy_load_tensors, devices=FLAGS.simulated_cpu_devices_count,
+                             max_inflight_bytes=FLAGS.max_inflight_bytes, compression=FLAGS.compression == "zstd")
   try:
-    with _output_locked(output_dir, on_lost=cancel) if _is_primary() else contextlib.nullcontext():
-      result = _convert_to_maxtext(output_dir, progress, cancel)
+    result = conversion.convert_to_maxtext(_model_path(FLAGS.hf_model_path), _resolve(FLAGS.output_dir),
+                                           _plan_options(), save_options, run)
   finally:
     progress.close()
   seconds = time.monotonic() - start
@@ -196,20 +208,19 @@ def _run_to_maxtext() -> None:
   print(f"bytes:         {plan.total_bytes:,}")
   print(f"seconds:       {seconds:.2f}")
   print(f"peak RSS:      {_peak_rss_bytes() / 2**20:.0f} MiB")
-  print(f"devices:       {FLAGS.simulated_cpu_devices_count} ({'lazy' if FLAGS.lazy_load_tensors else 'eager'})")
+  print(f"devices:       {save_options.devices} ({'lazy' if save_options.lazy else 'eager'})")
   print(f"output:        {result.items_path}")
-  if FLAGS.resume:
+  if run.resume:
     print(f"resumed:       {result.resumed_blocks} blocks reused from the interrupted run")
-  shares = _processes()
-  if shares.count > 1:
-    print(f"process:       {shares.index} of {shares.count}, wrote {result.written_bytes:,} bytes"
+  if run.processes.count > 1:
+    print(f"process:       {run.processes.index} of {run.processes.count}, wrote {result.written_bytes:,} bytes"
           f" ({result.written_bytes / max(1, plan.total_bytes):.1%} of the checkpoint)")
   for warning in plan.warnings:
     print(f"warning:       {warning}")
   print(f"MaxText:       load_parameters_path={result.items_path} "
         + " ".join(f"{k}={json.dumps(v, separators=(',', ':'))}" for k, v in result.overrides.items()))
   if FLAGS.verify:
-    _verify(plan, result.items_path, shares)
+    _verify(plan, result.items_path, run.processes)
 
 
 def _start_up_done() -> None:
@@ -218,57 +229,6 @@ def _start_up_done() -> None:
   of the samples of a conversion, and a tenth of the imports' time with the collector on)."""
   gc.freeze()
   gc.enable()
-
-
-def _convert_to_maxtext(output_dir: str, progress, cancel: threading.Event):
-  from converter import conversion  # pylint: disable=g-import-not-at-top
-
-  _start_up_done()
-
-  return conversion.convert_to_maxtext(
-      hf_model_path=_model_path(FLAGS.hf_model_path),
-      output_dir=output_dir,
-      scan_layers=FLAGS.scan_layers,
-      lazy=FLAGS.lazy_load_tensors,
-      devices=FLAGS.simulated_cpu_devices_count,
-      save_dtype=FLAGS.save_dtype,
-      overwrite=FLAGS.overwrite,
-      target_model=FLAGS.target_model,
-      target_vocab_size=FLAGS.target_vocab_size,
-      allow_unused_tensors=FLAGS.allow_unused_tensors,
-      max_inflight_bytes=FLAGS.max_inflight_bytes,
-      progress=progress,
-      resume=FLAGS.resume,
-      cancel=cancel,
-      keep_fp8=FLAGS.keep_fp8,
-      processes=_processes(),
-      compression=FLAGS.compression == "zstd",
-  )
-
-
-def _processes():
-  from converter import processes  # pylint: disable=g-import-not-at-top
-
-  return processes.current()
-
-
-def _is_primary() -> bool:
-  return _processes().is_primary
-
-
-@contextlib.contextmanager
-def _output_locked(output_dir: str, on_lost: threading.Event | None = None):
-  """Holds the output's lock (one writer per output); a failure after a lost lease says so."""
-  from converter import output_lock  # pylint: disable=g-import-not-at-top
-  from converter.errors import ConversionError  # pylint: disable=g-import-not-at-top
-
-  with output_lock.hold(output_dir, on_lost=on_lost) as lock:
-    try:
-      yield
-    except ConversionError as e:
-      if lock.lost:
-        raise ConversionError(f"{e} ({lock.lost})") from e
-      raise
 
 
 def _cancel_on_signals() -> threading.Event:
@@ -290,28 +250,27 @@ def _cancel_on_signals() -> threading.Event:
 
 def _dry_run() -> None:
   import psutil  # pylint: disable=g-import-not-at-top
-  from converter import conversion, dry_run, storage, writer  # pylint: disable=g-import-not-at-top
+  from converter import conversion, dry_run  # pylint: disable=g-import-not-at-top
+  from converter.output.maxtext import MaxTextOutput  # pylint: disable=g-import-not-at-top
 
   _start_up_done()
-  plan = conversion.plan_conversion(
-      _model_path(FLAGS.hf_model_path), scan_layers=FLAGS.scan_layers, save_dtype=FLAGS.save_dtype,
-      target_model=FLAGS.target_model, target_vocab_size=FLAGS.target_vocab_size,
-      allow_unused_tensors=FLAGS.allow_unused_tensors, keep_fp8=FLAGS.keep_fp8,
-  )
+  plan = conversion.plan_conversion(_model_path(FLAGS.hf_model_path), _plan_options())
   shares = None
   if FLAGS.num_processes > 1:
     import jax  # pylint: disable=g-import-not-at-top
-    from handlers import LazyTensor  # pylint: disable=g-import-not-at-top
+    from converter.lazy_leaves import lazy_tree  # pylint: disable=g-import-not-at-top
+    from handlers import LazyTensor, Processes  # pylint: disable=g-import-not-at-top
     from handlers.streaming import share_bytes  # pylint: disable=g-import-not-at-top
 
-    tree = writer.leaf_values(plan, lazy=True, devices=len(jax.devices()))
+    tree = lazy_tree(plan, lazy=True, devices=len(jax.devices()), processes=Processes())
     values = [v for v in jax.tree.leaves(tree) if isinstance(v, LazyTensor)]
     shares = share_bytes(values, FLAGS.max_inflight_bytes, FLAGS.num_processes)
   print(dry_run.describe(plan, baseline_bytes=psutil.Process().memory_info().rss,
                          max_inflight_bytes=FLAGS.max_inflight_bytes, shares=shares))
-  existing = writer.step_dir(_resolve(FLAGS.output_dir))
-  if storage.exists(existing) and not FLAGS.overwrite:
-    print(f"warning: {existing} already holds a checkpoint; the conversion will refuse it without --overwrite")
+  output = MaxTextOutput(_resolve(FLAGS.output_dir), RunContext())
+  if output.has_checkpoint() and not FLAGS.overwrite:
+    print(f"warning: {output.step_path} already holds a checkpoint; the conversion will refuse it without"
+          " --overwrite")
 
 
 def _verify(plan, items_path: str, processes) -> None:

@@ -21,16 +21,18 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import math
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from converter.arrays import Shape
 from converter import ops as ops_lib
 from converter.errors import ConversionError
+from converter.loader import Loader
+from converter.loaders import FromTensor, JoinSlots, Stack
 from converter.sources import TensorInfo
 from converter.sources.fp8 import Fp8BlockTensor
 
-Shape = tuple[int, ...]
 
 # Ops that only move elements: they carry block numbers as they carry values.
 _INDEX_OPS = (ops_lib.Transpose, ops_lib.Reshape, ops_lib.Slot, ops_lib.InterleaveRope, ops_lib.DeinterleaveRope)
@@ -76,9 +78,12 @@ class BlockScales:
   def block_shape(self) -> Shape:
     return self.shape
 
-  @property
   def source_tensors(self) -> tuple[TensorInfo, ...]:
     return tuple(grid for grid, _ in self.grids)
+
+  def map_reads(self, read: Callable[[Loader], Loader]) -> Loader:
+    del read  # Reads its scale grids whole: nothing to rewrite.
+    return self
 
   def __call__(self) -> np.ndarray:
     values = np.concatenate([grid.read(np.float32, lead).ravel() for grid, lead in self.grids])
@@ -88,19 +93,6 @@ class BlockScales:
     return self()[index]
 
 
-def _bases(loader: Any) -> Iterator[Any]:
-  """The loaders that read one tensor each (FromTensor), in order."""
-  parts = getattr(loader, "parts", None)
-  if parts is None:
-    yield loader
-    return
-  for part in parts:
-    yield from _bases(part[0] if isinstance(part, tuple) else part)
-
-
-def _kind(loader: Any) -> str:
-  return type(loader).__name__
-
 
 class _Converter:
   """Rewrites one plan's quantized leaves; caches block layouts across leaves."""
@@ -109,23 +101,19 @@ class _Converter:
     self.block = block
     self._layouts: dict[Any, np.ndarray] = {}
 
-  def raw(self, loader: Any, leaf: str) -> Any:
+  def raw(self, loader: Loader, leaf: str) -> Loader:
     """The loader with every source read as its stored FP8 bytes (no scale applied)."""
-    if _kind(loader) == "FromTensor":
-      self._check_ops(loader, leaf)
-      return dataclasses.replace(loader, tensor=loader.tensor.weight, dtype=loader.tensor.weight.dtype)
-    if _kind(loader) == "Stack":
-      parts = tuple(self.raw(p, leaf) for p in loader.parts)
-      return dataclasses.replace(loader, parts=parts, dtype=parts[0].dtype)
-    if _kind(loader) == "JoinSlots":
-      parts = tuple((self.raw(p, leaf), slot) for p, slot in loader.parts)
-      return dataclasses.replace(loader, parts=parts, dtype=parts[0][0].dtype)
-    raise ConversionError(f"{leaf}: cannot keep FP8 through a {_kind(loader)} loader")
 
-  def scales(self, loader: Any, leaf: str, names: Sequence[str]) -> Any:
+    def stored(read: FromTensor) -> FromTensor:
+      self._check_ops(read, leaf)
+      return dataclasses.replace(read, tensor=read.tensor.weight, dtype=read.tensor.weight.dtype)
+
+    return loader.map_reads(stored)
+
+  def scales(self, loader: Loader, leaf: str, names: Sequence[str]) -> Loader:
     """The scale leaf's loader: stacked as the kernel is (layers and experts keep their axes whole), one layer's
     (or expert's) kernel in blocks."""
-    if _kind(loader) == "Stack":
+    if isinstance(loader, Stack):
       parts = tuple(self.scales(p, leaf, names) for p in loader.parts)
       part_shape = parts[0].shape
       shape = part_shape[: loader.axis] + (len(parts),) + part_shape[loader.axis :]
@@ -133,15 +121,15 @@ class _Converter:
     return self._block_scales(loader, leaf, names)
 
   @staticmethod
-  def _check_ops(loader: Any, leaf: str) -> None:
+  def _check_ops(loader: FromTensor, leaf: str) -> None:
     arithmetic = [op for op in loader.ops if not isinstance(op, _INDEX_OPS)]
     if arithmetic:
       raise ConversionError(
           f"{leaf}: tensor {loader.tensor.name!r} is converted with {type(arithmetic[0]).__name__}, arithmetic on"
           " its values, which its FP8 bytes cannot take; convert without --keep_fp8 (dequantized)")
 
-  def _block_scales(self, loader: Any, leaf: str, names: Sequence[str]) -> BlockScales:
-    slotted = loader.parts if _kind(loader) == "JoinSlots" else ((loader, None),)
+  def _block_scales(self, loader: Loader, leaf: str, names: Sequence[str]) -> BlockScales:
+    slotted = loader.parts if isinstance(loader, JoinSlots) else ((loader, None),)
     key = (tuple((b.ops, b.tensor.shape[len(b.lead):], b.tensor.block, slot) for b, slot in slotted), loader.shape)
     if key not in self._layouts:
       self._layouts[key] = self._layout(slotted, tuple(loader.shape), leaf, names)
@@ -201,8 +189,7 @@ def native_fp8_leaves(leaves: Sequence[Any], fp8: Fp8Output, make_leaf: Callable
     if not quantized_in_maxtext(leaf.path, fp8.unquantized_modules):
       out.append(leaf)
       continue
-    bases = list(_bases(leaf.loader))
-    plain = [b.tensor for b in bases if not isinstance(b.tensor, Fp8BlockTensor)]
+    plain = [t for t in leaf.loader.source_tensors() if not isinstance(t, Fp8BlockTensor)]
     if plain:
       raise ConversionError(
           f"{leaf.name}: MaxText's fp8 model holds this leaf in FP8, but its source tensor {plain[0].name!r} is"

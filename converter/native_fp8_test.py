@@ -10,7 +10,8 @@ from absl.testing import absltest
 
 from converter import native_fp8, ops
 from converter.errors import ConversionError
-from converter.plan import FromTensor, JoinSlots, Leaf, Stack
+from converter.loaders import FromTensor, JoinSlots, Stack
+from converter.plan import Leaf
 from converter.sources import fp8, open_safetensors
 from tools import quantize
 from tools.safetensors_writer import write_safetensors

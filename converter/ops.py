@@ -16,9 +16,8 @@ import math
 
 import numpy as np
 
+from converter.arrays import Shape
 from converter.arrays import transpose_last_two
-
-Shape = tuple[int, ...]
 
 
 class Op:

@@ -2,14 +2,13 @@
 
 Everything that can be checked without reading weights is checked here (every tensor present, every shape as
 `config.json` implies, nothing left over, dtypes convertible), so a bad input fails before the first byte is
-written. The plan's leaves carry picklable loaders; nothing is read until a loader is called, and then only
-through the source, which dequantizes whatever the checkpoint stores quantized.
+written. The plan's leaves carry picklable loaders (converter/loader.py, loaders.py); nothing is read until a
+loader is called, and then only through the source, which dequantizes whatever the checkpoint stores quantized.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
 from typing import Any, Iterator
 
@@ -17,194 +16,17 @@ import numpy as np
 
 from converter import families
 from converter import native_fp8
-from converter import ops as ops_lib
-from converter.arrays import assign
+from converter.arrays import Shape
 from converter.errors import ConversionError
 from converter.families import Family, Layout, Param, ResolvedModel
 from converter.families.runtime import Runtime
+from converter.loader import Loader
+from converter.loaders import FromTensor, JoinSlots, Stack
 from converter.model_config import ModelConfig
 from converter.native_fp8 import Fp8Output
 from converter.ops import Op, output_shape
-from converter.sources import FLOATING, SourceTensor, TensorSource
-
-Shape = tuple[int, ...]
-
-ROW_BLOCK_BYTES = 16 << 20  # Kept under glibc's mmap threshold, as the write blocks (handlers/streaming.py).
-_ELEMENTWISE = (ops_lib.ScaleInFloat32, ops_lib.AddInFloat32)
-_WITHIN_HEAD = (*_ELEMENTWISE, ops_lib.InterleaveRope)
-
-
-def _row_preserving(op: Op, ndim: int) -> bool:
-  """Whether `op` maps each row of a 2-D tensor to the same row of its output."""
-  return isinstance(op, _ELEMENTWISE) or (isinstance(op, ops_lib.Slot) and op.axis % ndim != 0)
-
-
-@dataclasses.dataclass(frozen=True)
-class Slabs:
-  """How a run of the source tensor's rows converts on its own: source rows `unit * i` to `unit * (i + 1)` make
-  index i of the output's `axis`."""
-
-  axis: int
-  unit: int
-
-
-def row_slabs(ops: tuple[Op, ...], part_shape: Shape) -> Slabs | None:
-  """The output axis along the source's rows, when a slab of rows converts on its own; None otherwise.
-
-  The largest single tensors are embeddings and logits kernels (Qwen3's 151936-row tables, 1.2 GB each),
-  attention projections (Llama 3 405B's q_proj: 537 MB; DeepSeek V3's o_proj: 235 MB) and one expert of a fused
-  expert tensor (Llama 4 Maverick: 168 MB): reading them a slab of rows at a time keeps every block, and so the
-  memory a save needs, small. Rows stay rows (embeddings, fused experts split along their columns), become
-  columns (logits kernels, MLP kernels), whole heads (q/k/v kernels: (H*D, E) -> (E, H, D)) or the last axis
-  (output kernels: (E, H*D) -> (H, D, E)).
-  """
-  if len(part_shape) != 2:
-    return None
-  if all(_row_preserving(op, 2) or isinstance(op, ops_lib.PadRows) for op in ops):
-    return Slabs(0, 1)
-  if not ops or not isinstance(ops[0], ops_lib.Transpose):
-    return None
-  rest = ops[1:]
-  if all(isinstance(op, (*_ELEMENTWISE, ops_lib.PadColumns)) for op in rest):
-    return Slabs(1, 1)
-  if not isinstance(rest[0], ops_lib.Reshape) or not all(isinstance(op, _WITHIN_HEAD) for op in rest[1:]):
-    return None
-  rows, columns = part_shape
-  heads = rest[0].new_shape
-  if len(heads) == 3 and heads[0] == columns:  # (H*D, E) -> (E, H*D) -> (E, H, D): rows are whole heads.
-    return Slabs(1, heads[2])
-  if heads[-1] == rows and not rest[1:]:  # (E, H*D) -> (H*D, E) -> (H, D, E): rows are the last axis.
-    return Slabs(len(heads) - 1, 1)
-  return None
-
-
-def slab_ops(ops: tuple[Op, ...], slabs: Slabs, count: int) -> tuple[Op, ...]:
-  """`ops` for a slab of `count` indices of `slabs.axis`: the shape-dependent ones resized."""
-  resized = []
-  for op in ops:
-    if isinstance(op, ops_lib.PadRows):
-      op = ops_lib.PadRows(count)
-    elif isinstance(op, ops_lib.PadColumns):
-      op = ops_lib.PadColumns(count)
-    elif isinstance(op, ops_lib.Reshape):
-      op = ops_lib.Reshape(op.new_shape[: slabs.axis] + (count,) + op.new_shape[slabs.axis + 1 :])
-    resized.append(op)
-  return tuple(resized)
-
-
-@dataclasses.dataclass(frozen=True)
-class FromTensor:
-  """Loader: one source tensor (or one expert's slice of it, `lead`), read in the save dtype, then the family's
-  ops; large ones a slab of rows at a time (see `row_slabs`)."""
-
-  tensor: SourceTensor
-  lead: tuple[int, ...]
-  ops: tuple[Op, ...]
-  dtype: np.dtype
-  shape: Shape
-
-  @property
-  def _part_shape(self) -> Shape:
-    return tuple(self.tensor.shape[len(self.lead):])
-
-  @property
-  def _slabs(self) -> Slabs | None:
-    if math.prod(self.shape) * self.dtype.itemsize <= ROW_BLOCK_BYTES:
-      return None
-    return row_slabs(self.ops, self._part_shape)
-
-  @property
-  def block_shape(self) -> Shape:
-    slabs = self._slabs
-    if slabs is None:
-      return self.shape
-    index_bytes = math.prod(self.shape) // self.shape[slabs.axis] * self.dtype.itemsize
-    block = list(self.shape)
-    block[slabs.axis] = max(1, ROW_BLOCK_BYTES // index_bytes)
-    return tuple(block)
-
-  def _read(self, region: tuple, ops: tuple[Op, ...]) -> np.ndarray:
-    """The source region with `ops` applied; a leading 2-D transpose is done by the source as it copies."""
-    transpose = bool(ops) and isinstance(ops[0], ops_lib.Transpose) and len(self._part_shape) == 2
-    x = self.tensor.read(self.dtype, region, transpose=transpose)  # A private copy: the ops never see the map.
-    for op in ops[1:] if transpose else ops:
-      x = op(x)
-    return x
-
-  def __call__(self) -> np.ndarray:
-    return self._read(self.lead, self.ops)
-
-  def region(self, index: tuple[slice, ...]) -> np.ndarray:
-    slabs = self._slabs
-    if slabs is None:
-      return self()[index]
-    start, stop, _ = index[slabs.axis].indices(self.shape[slabs.axis])
-    stored = self._part_shape[0]  # Rows past the stored ones are padding (a vocabulary padded for MaxText).
-    rows = slice(min(start * slabs.unit, stored), min(stop * slabs.unit, stored))
-    x = self._read(self.lead + (rows,), slab_ops(self.ops, slabs, stop - start))
-    return x[tuple(slice(None) if axis == slabs.axis else s for axis, s in enumerate(index))]
-
-
-@dataclasses.dataclass(frozen=True)
-class Stack:
-  """Loader: parts stacked on a new `axis`; a region loads only the parts it spans."""
-
-  parts: tuple[Any, ...]
-  axis: int
-  shape: Shape
-  dtype: np.dtype
-
-  @property
-  def block_shape(self) -> Shape:
-    part_block = tuple(self.parts[0].block_shape)
-    return part_block[: self.axis] + (1,) + part_block[self.axis :]
-
-  def __call__(self) -> np.ndarray:
-    return self.region(tuple(slice(0, d) for d in self.shape))
-
-  def region(self, index: tuple[slice, ...]) -> np.ndarray:
-    along = index[self.axis]
-    part_index = index[: self.axis] + index[self.axis + 1 :]
-    ks = range(*along.indices(self.shape[self.axis]))
-    out_shape = tuple(len(range(*s.indices(d))) for s, d in zip(index, self.shape))
-    out = np.empty(out_shape, dtype=self.dtype)
-    for j, k in enumerate(ks):
-      assign(out[(slice(None),) * self.axis + (j,)], self.parts[k].region(part_index))
-    return out
-
-
-@dataclasses.dataclass(frozen=True)
-class JoinSlots:
-  """Loader: several params' values, each written into its slot of one value (a packed projection)."""
-
-  parts: tuple[tuple[Any, ops_lib.Slot], ...]
-  shape: Shape
-  dtype: np.dtype
-
-  @property
-  def block_shape(self) -> Shape:
-    return self.shape
-
-  def __call__(self) -> np.ndarray:
-    out = np.empty(self.shape, self.dtype)
-    for loader, slot in self.parts:
-      slot.place(out, loader())
-    return out
-
-  def region(self, index: tuple[slice, ...]) -> np.ndarray:
-    return self()[index]
-
-
-def source_tensors(loader: Any) -> Iterator[SourceTensor]:
-  """Every source tensor a leaf's loader reads."""
-  if isinstance(loader, FromTensor):
-    yield loader.tensor
-  yield from getattr(loader, "source_tensors", ())
-  for part in getattr(loader, "parts", ()):
-    yield from source_tensors(part[0] if isinstance(part, tuple) else part)
-  inner = getattr(loader, "inner", None)
-  if inner is not None:
-    yield from source_tensors(inner)
+from converter.options import PlanOptions
+from converter.sources import FLOATING, TensorSource
 
 
 @dataclasses.dataclass(frozen=True)
@@ -213,7 +35,7 @@ class Leaf:
   shape: Shape
   dtype: np.dtype
   sources: tuple[str, ...]
-  loader: Any
+  loader: Loader
 
   @property
   def name(self) -> str:
@@ -226,7 +48,7 @@ class Leaf:
   @property
   def formats(self) -> tuple[str, ...]:
     """How its sources are stored ("BF16", "F8_E4M3 x F32 scales, 128x128 blocks", ...), each once."""
-    return tuple(dict.fromkeys(t.format for t in source_tensors(self.loader)))
+    return tuple(dict.fromkeys(t.format for t in self.loader.source_tensors()))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -316,13 +138,13 @@ class _Sources:
     return FromTensor(tensor, lead, ops, self._dtype, shape), shape
 
 
-def _stack(parts: list[tuple[Any, Shape]], axis: int, dtype: np.dtype) -> tuple[Any, Shape]:
+def _stack(parts: list[tuple[Loader, Shape]], axis: int, dtype: np.dtype) -> tuple[Loader, Shape]:
   part_shape = parts[0][1]
   shape = part_shape[:axis] + (len(parts),) + part_shape[axis:]
   return Stack(tuple(p for p, _ in parts), axis, shape, dtype), shape
 
 
-def _param_loader(sources: _Sources, param: Param, layer: int | None, dtype: np.dtype) -> tuple[Any, Shape, list[str]]:
+def _param_loader(sources: _Sources, param: Param, layer: int | None, dtype: np.dtype) -> tuple[Loader, Shape, list[str]]:
   """One MaxText layer's (or the top level's) value of `param`: its loader, shape and HF source names."""
   if layer is not None:
     layer = param.hf_layer(layer)
@@ -342,7 +164,7 @@ def _param_loader(sources: _Sources, param: Param, layer: int | None, dtype: np.
 
 
 def _leaf_loader(sources: _Sources, params: list[Param], layer: int | None,
-                 dtype: np.dtype) -> tuple[Any, Shape, list[str]]:
+                 dtype: np.dtype) -> tuple[Loader, Shape, list[str]]:
   """One layer's value of a leaf: of its one param, or of several params joined into their slots."""
   if len(params) == 1 and params[0].leaf_slot is None:
     return _param_loader(sources, params[0], layer, dtype)
@@ -406,19 +228,13 @@ def check_tied_embeddings(source: TensorSource, config: ModelConfig, layout: Lay
     )
 
 
-def build_plan(
-    source: TensorSource,
-    model: ResolvedModel,
-    *,
-    scan_layers: bool,
-    save_dtype: Any,
-    target_vocab_size: int | None = None,
-    allow_unused_tensors: bool = False,
-    keep_fp8: bool = False,
-) -> Plan:
+def build_plan(source: TensorSource, model: ResolvedModel, options: PlanOptions) -> Plan:
+  """Every output leaf of `model` read from `source`, checked against each other; `options.target_model` is
+  `model`'s already (families.resolve)."""
   config = model.config
-  dtype = np.dtype(save_dtype)
-  target_vocab = target_vocab_size or config.vocab_size
+  dtype = np.dtype(options.save_dtype)
+  scan_layers = options.scan_layers
+  target_vocab = options.target_vocab_size or config.vocab_size
   if target_vocab < config.vocab_size:
     raise ConversionError(
         f"--target_vocab_size={target_vocab} is smaller than the checkpoint's vocab_size {config.vocab_size}"
@@ -446,7 +262,7 @@ def build_plan(
   unused = sorted(n for n in source.tensors if n not in sources.used and n not in skipped_names)
   if unused:
     warnings.append(f"{len(unused)} unused tensor(s): {', '.join(unused[:5])}{' ...' if len(unused) > 5 else ''}")
-  if unused and not allow_unused_tensors:
+  if unused and not options.allow_unused_tensors:
     shown = ", ".join(f"{n!r} ({', '.join(source.tensors[n].files)})" for n in unused[:5])
     raise ConversionError(
         f"{source.location}: {len(unused)} tensor(s) that {model.family.name} does not use: {shown}"
@@ -454,7 +270,7 @@ def build_plan(
         " (pass --allow_unused_tensors to convert anyway)"
     )
   fp8 = None
-  if keep_fp8:
+  if options.keep_fp8:
     fp8, leaves = _native_fp8(source, model, leaves)
   return Plan(model, source, target_vocab, scan_layers, dtype, tuple(leaves), tuple(unused), tuple(warnings), fp8)
 

@@ -8,8 +8,9 @@ from unittest import mock
 import numpy as np
 from absl.testing import absltest, parameterized
 
-from converter import families, ops, plan
+from converter import families, loaders, plan
 from converter.model_config import load_model_config
+from converter.options import PlanOptions
 from converter.sources import open_source
 from handlers import LazyTensor, block_indices
 from tools import tiny_models
@@ -38,12 +39,12 @@ class PlanLoadersTest(parameterized.TestCase):
   def _plan(self, **kwargs):
     config = load_model_config(self.model_dir)
     return plan.build_plan(open_source(self.model_dir, config.raw, config.path), families.resolve(config),
-                           save_dtype=kwargs.pop("save_dtype", "float32"), **kwargs)
+                           PlanOptions(save_dtype=kwargs.pop("save_dtype", "float32"), **kwargs))
 
   @parameterized.parameters((True, "float32"), (False, "bfloat16"))
   def test_blocks_reassemble_every_leaf(self, scan_layers, save_dtype):
     # Row blocks kick in for any tensor above the threshold; a tiny threshold exercises them on tiny tensors.
-    with mock.patch.object(plan, "ROW_BLOCK_BYTES", 2048):
+    with mock.patch.object(loaders, "ROW_BLOCK_BYTES", 2048):
       the_plan = self._plan(scan_layers=scan_layers, save_dtype=save_dtype, target_vocab_size=300)
       block_shapes = {}
       for leaf in the_plan.leaves:
@@ -59,9 +60,9 @@ class PlanLoadersTest(parameterized.TestCase):
     # kernels, latent-attention kernels, one expert's rows of a fused gate/up split interleaved or in halves.
     model_dir = tiny_models.build_tiny_model(model, tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR")))
     config = load_model_config(model_dir)
-    with mock.patch.object(plan, "ROW_BLOCK_BYTES", 4096):
+    with mock.patch.object(loaders, "ROW_BLOCK_BYTES", 4096):
       the_plan = plan.build_plan(open_source(model_dir, config.raw, config.path), families.resolve(config),
-                                 scan_layers=True, save_dtype="float32")
+                                 PlanOptions(scan_layers=True, save_dtype="float32"))
       slabbed = 0
       for leaf in the_plan.leaves:
         assembled, block = _assembled(leaf)
@@ -70,7 +71,7 @@ class PlanLoadersTest(parameterized.TestCase):
     self.assertGreater(slabbed, len(the_plan.leaves) // 2)
 
   def test_padded_vocab_rows_are_zero(self):
-    with mock.patch.object(plan, "ROW_BLOCK_BYTES", 2048):
+    with mock.patch.object(loaders, "ROW_BLOCK_BYTES", 2048):
       leaf = next(l for l in self._plan(scan_layers=True, target_vocab_size=300).leaves
                   if l.name == "token_embedder/embedding")
       assembled, _ = _assembled(leaf)
@@ -80,15 +81,6 @@ class PlanLoadersTest(parameterized.TestCase):
     leaf = next(l for l in self._plan(scan_layers=True).leaves if l.name.endswith("query/kernel"))
     lazy = LazyTensor(leaf.name, leaf.shape, leaf.dtype, leaf.loader)
     self.assertEqual(lazy.block_shape, (64, 1, 4, 24))
-
-  def test_row_slabs(self):
-    self.assertEqual(plan.row_slabs((ops.PadRows(8), ops.ScaleInFloat32(2.0)), (4, 3)), plan.Slabs(0, 1))
-    self.assertEqual(plan.row_slabs((ops.Transpose(), ops.PadColumns(8)), (4, 3)), plan.Slabs(1, 1))
-    self.assertEqual(plan.row_slabs(ops.to_heads_kernel(3, 2, 5) + (ops.InterleaveRope(),), (10, 3)),
-                     plan.Slabs(1, 5))  # (H*D, E) -> (E, H, D): whole heads.
-    self.assertEqual(plan.row_slabs(ops.to_out_kernel(3, 2, 5), (3, 10)), plan.Slabs(2, 1))
-    self.assertIsNone(plan.row_slabs((ops.Transpose(), ops.Reshape((4,))), (2, 2)))
-    self.assertIsNone(plan.row_slabs((), (2, 3, 4)))
 
 
 if __name__ == "__main__":

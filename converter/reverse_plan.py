@@ -6,7 +6,7 @@ those ops. The layout's layer groups say which leaf holds which layer; layer sta
 and expert stacking (axis 0) are undone by indexing. Params that split one fused HF tensor (gate/up) are joined
 back into it, a tensor holding every expert is written expert by expert, and a large 2-D tensor (an embedding, a
 logits kernel, a 405B model's projection) a run of rows at a time, each read from the slab of the leaf the
-forward direction wrote those rows into (plan.row_slabs), so that none is ever held whole.
+forward direction wrote those rows into (loaders.row_slabs), so that none is ever held whole.
 """
 
 from __future__ import annotations
@@ -14,23 +14,25 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from converter import conversion_record, families, orbax_layout, storage
+from converter.arrays import Shape
+from converter import families, storage
+from converter.output import layout as orbax_layout
+from converter.output.record import ConversionRecord
 from converter.errors import ConversionError
 from converter.families import Family, LayerGroup, Param
 from converter.model_config import ModelConfig, parse_model_config
 from converter.ops import Op, Slot, inverse_ops, is_exact, output_shape
-from converter.plan import ROW_BLOCK_BYTES, row_slabs, slab_ops
+from converter.loaders import ROW_BLOCK_BYTES, row_slabs, slab_ops
 from converter.safetensors_output import TensorSpec
 from converter.sources import SAFETENSORS_DTYPES
 
 if TYPE_CHECKING:  # Imported where used: planning needs only the reader's metadata.
   from converter.checkpoint_reader import CheckpointReader, StoredArray
 
-Shape = tuple[int, ...]
 PARAMS = ("params", "params")  # Where a TrainState-shaped tree keeps the model parameters.
 _SAFETENSORS_CODES = {dtype: code for code, dtype in SAFETENSORS_DTYPES.items()}
 
@@ -103,7 +105,7 @@ def items_path_of(checkpoint_path: str) -> str:
   return path
 
 
-def _hf_config(items_path: str, info: Mapping[str, Any], hf_config_path: str | None) -> tuple[dict[str, Any], str]:
+def _hf_config(items_path: str, record: ConversionRecord, hf_config_path: str | None) -> tuple[dict[str, Any], str]:
   """The original config.json dict and where it came from."""
   if hf_config_path:
     path = hf_config_path
@@ -114,8 +116,8 @@ def _hf_config(items_path: str, info: Mapping[str, Any], hf_config_path: str | N
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
       raise ConversionError(f"{path}: cannot read the HF config ({type(e).__name__}: {e})") from e
     source = path
-  elif isinstance(info.get("hf_config"), dict):
-    config = info["hf_config"]
+  elif isinstance(record.hf_config, dict):
+    config = record.hf_config
     source = f"{orbax_layout.metadata_path(items_path)} (custom_metadata.hf2maxtext.hf_config)"
   else:
     raise ConversionError(
@@ -216,15 +218,13 @@ def plan_to_huggingface(
 ) -> ReversePlan:
   """Everything checkable without reading weights: family, config, every leaf present with the right shape."""
   items_path = items_path_of(checkpoint_path)
-  custom = conversion_record.custom_metadata(items_path)
-  info = custom.get("hf2maxtext") or {}
-  hf_config, source = _hf_config(items_path, info, hf_config_path)
+  record = ConversionRecord.read(items_path)
+  hf_config, source = _hf_config(items_path, record, hf_config_path)
   config = parse_model_config(hf_config, source)
   warnings: list[str] = []
-  if family and info.get("family") and info["family"] != family:
-    warnings.append(f"--family={family} overrides the checkpoint's recorded family {info['family']!r}")
-  model = families.resolve(config, family=family or info.get("family"),
-                           target_model=target_model or info.get("target_model"))
+  if family and record.family and record.family != family:
+    warnings.append(f"--family={family} overrides the checkpoint's recorded family {record.family!r}")
+  model = families.resolve(config, family=family or record.family, target_model=target_model or record.target_model)
   fam, target = model.family, model.target
 
   if reader is None:
@@ -235,8 +235,8 @@ def plan_to_huggingface(
   if not params:
     raise ConversionError(f"{items_path}: no arrays under params/params (not a MaxText TrainState checkpoint)")
   decoder = {k[1] for k in params if k[0] == "decoder" and len(k) > 1}
-  if "scan_layers" in custom:
-    scan_layers = bool(custom["scan_layers"])
+  if record.scan_layers is not None:
+    scan_layers = record.scan_layers
   else:
     scan_layers = "layers" in decoder
     warnings.append(f"no scan_layers in the checkpoint metadata; {'scanned' if scan_layers else 'unscanned'}"
@@ -327,8 +327,8 @@ def plan_to_huggingface(
   if inexact:
     warnings.append(f"{inexact} tensor(s) were transformed in float arithmetic (query scale, norm offset): undone"
                     " to within one unit in the last place, not bit for bit")
-  if info.get("quant_method"):
-    warnings.append(f"the original checkpoint was {info['quant_method']}-quantized; its weights come back"
+  if record.quant_method:
+    warnings.append(f"the original checkpoint was {record.quant_method}-quantized; its weights come back"
                     f" dequantized ({dtypes[-1].name}) and config.json without quantization_config")
   return ReversePlan(items_path, fam, config, hf_config, target, scan_layers, dtypes[-1], tuple(tensors),
                      tuple(warnings))

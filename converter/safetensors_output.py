@@ -12,11 +12,11 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from converter.arrays import Shape
 from converter import storage
 from converter.errors import ConversionError
 from converter.sources import SAFETENSORS_DTYPES
 
-Shape = tuple[int, ...]
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 _SAFETENSORS_CODES = {dtype: code for code, dtype in SAFETENSORS_DTYPES.items()}

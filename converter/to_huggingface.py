@@ -7,11 +7,10 @@ Pieces are read by worker threads (several in flight) while earlier ones are wri
 (`read_ahead_bytes`, the converter's --max_inflight_bytes). Memory: that budget (pieces: one expert of a tensor
 holding every expert, a slab of rows of a large one, else one tensor) plus the open leaves' chunk caches.
 
-The HF config comes from the checkpoint's custom metadata (`hf2maxtext.hf_config`, recorded by the forward
+The HF config comes from the checkpoint's conversion record (`hf2maxtext.hf_config`, recorded by the forward
 direction) or from `hf_config_path`; it is written back as config.json with its dtype set to the checkpoint's and
-without `quantization_config` (a quantized original comes back dequantized). Everything is written into a
-temporary directory next to `output_dir` and renamed into place at the end, so a failed conversion leaves nothing
-that looks finished.
+without `quantization_config` (a quantized original comes back dequantized). The output directory, staged and
+published whole or not at all, is converter/output/huggingface.py's.
 
 Exactness: transposes, reshapes, splits, the RoPE permutation, vocab padding and stacking are undone bit for bit.
 Query scaling (llama, mistral, mixtral targets) is float arithmetic, undone within 1 ulp (ops.DivideInFloat32); so
@@ -25,18 +24,15 @@ import concurrent.futures
 import dataclasses
 import itertools
 import json
-import os
-import shutil
-import tempfile
 import threading
 from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 from absl import logging
 
-from converter import processes as processes_lib
 from converter import storage
-from converter.errors import ConversionError
+from converter.options import ReverseOptions, RunContext
+from converter.output.huggingface import HuggingFaceOutput
 from handlers import Processes, shares
 from converter.reverse_plan import HfPart, HfTensor, ReversePlan, items_path_of, plan_to_huggingface
 from converter.safetensors_output import (INDEX_FILE, SafetensorsStreamWriter, assign_shards, index_json, parse_size,
@@ -45,9 +41,6 @@ from converter.safetensors_output import (INDEX_FILE, SafetensorsStreamWriter, a
 if TYPE_CHECKING:
   from converter.checkpoint_reader import CheckpointReader, OpenArray
 
-DEFAULT_MAX_SHARD_SIZE = "5GB"
-DEFAULT_READ_CACHE_BYTES = 1 << 30
-DEFAULT_READ_AHEAD_BYTES = 128 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,15 +181,14 @@ class _ReadAhead:
     self._pool.shutdown(wait=True)
 
 
-def _write_shards(plan: ReversePlan, reader: CheckpointReader, directory: str, shards: list[list[HfTensor]],
-                  read_cache_bytes: int, read_ahead_bytes: int, processes: Processes) -> tuple[list[str], list[str]]:
+def _write_shards(reader: CheckpointReader, directory: str, shards: list[list[HfTensor]], names: list[str],
+                  options: ReverseOptions, processes: Processes) -> list[str]:
   """Writes this process's shards (all of them for one process; a byte-balanced run of them for several);
-  returns every shard's file name and those this process wrote."""
-  names = shard_names(len(shards))
+  returns the names of those this process wrote."""
   owners = shares.owners([sum(t.spec.nbytes for t in shard) for shard in shards], processes.count)
   mine = [(name, shard) for name, shard, owner in zip(names, shards, owners) if owner == processes.index]
   items = [(tensor, parts) for _, shard in mine for tensor in shard for parts in tensor.pieces]
-  pieces = _ReadAhead(items, _OpenLeaves(reader, read_cache_bytes), read_ahead_bytes)
+  pieces = _ReadAhead(items, _OpenLeaves(reader, options.read_cache_bytes), options.read_ahead_bytes)
   try:
     arriving = iter(pieces)
     for file_name, shard in mine:
@@ -211,139 +203,40 @@ def _write_shards(plan: ReversePlan, reader: CheckpointReader, directory: str, s
       writer.close()
   finally:
     pieces.close()
-  return names, [name for name, _ in mine]
+  return [name for name, _ in mine]
 
 
-def _staging_for(output_dir: str) -> str:
-  """The staging directory every process of a multi-process conversion writes into (named, not random)."""
-  return os.path.join(os.path.dirname(output_dir), f".{os.path.basename(output_dir)}.hf2maxtext-tmp-shared")
-
-
-def _prepare_output(output_dir: str, overwrite: bool, shared: bool = False) -> str:
-  """Checks `output_dir` can be (re)placed and returns where to write: a fresh staging directory next to it
-  (local; `shared`: one of a fixed name, for several processes), or the bucket prefix itself, where config.json,
-  written last, is what makes it a checkpoint."""
-  if storage.is_remote(output_dir):
-    if storage.list_names(output_dir):
-      if not overwrite:
-        raise ConversionError(f"{output_dir}: already exists and is not empty; pass --overwrite to replace it")
-      storage.remove_tree(output_dir)
-    storage.check_bucket(output_dir)
-    return output_dir
-  if os.path.exists(output_dir) and not (os.path.isdir(output_dir) and not os.listdir(output_dir)):
-    if not overwrite:
-      raise ConversionError(f"{output_dir}: already exists and is not empty; pass --overwrite to replace it")
-    if not os.path.isdir(output_dir):
-      raise ConversionError(f"{output_dir}: exists and is not a directory")
-  parent = os.path.dirname(output_dir)
-  try:
-    os.makedirs(parent, exist_ok=True)
-    if shared:
-      staging = _staging_for(output_dir)
-      shutil.rmtree(staging, ignore_errors=True)  # A dead run's; the output lock keeps live ones out.
-      os.makedirs(staging)
-    else:
-      staging = tempfile.mkdtemp(prefix=f".{os.path.basename(output_dir)}.hf2maxtext-tmp-", dir=parent)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(staging, 0o777 & ~umask)  # mkdtemp makes it 0700; the published directory gets the usual mode.
-    return staging
-  except OSError as e:
-    raise ConversionError(f"{parent}: cannot create a staging directory for the output: {e}") from e
-
-
-def _sync(path: str) -> None:
-  """Waits until `path` (a file or a directory's entries) is on disk."""
-  descriptor = os.open(path, os.O_RDONLY)
-  try:
-    os.fsync(descriptor)
-  finally:
-    os.close(descriptor)
-
-
-def _publish(staging: str, output_dir: str) -> None:
-  """Renames the finished staging directory to `output_dir`, replacing what --overwrite allowed to replace.
-
-  The shards are on disk already (each writer syncs its file on close); the index, config.json and the staging
-  directory's entries are synced before the rename and the parent's after it, so that a crash leaves either no
-  output or a whole one, never a config.json beside short shards.
-  """
-  if staging == output_dir:  # A bucket: written in place, config.json last.
-    return
-  for name in (INDEX_FILE, "config.json"):
-    if os.path.exists(os.path.join(staging, name)):
-      _sync(os.path.join(staging, name))
-  _sync(staging)
-  old = None
-  if os.path.exists(output_dir):
-    old = staging + ".old"
-    os.rename(output_dir, old)
-  try:
-    os.rename(staging, output_dir)
-  except OSError:
-    if old:
-      os.rename(old, output_dir)
-    raise
-  _sync(os.path.dirname(output_dir))
-  if old:
-    shutil.rmtree(old, ignore_errors=True)
-
-
-def convert_to_huggingface(
-    checkpoint_path: str,
-    output_dir: str,
-    *,
-    max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE,
-    family: str | None = None,
-    overwrite: bool = False,
-    hf_config_path: str | None = None,
-    target_model: str | None = None,
-    read_cache_bytes: int = DEFAULT_READ_CACHE_BYTES,
-    read_ahead_bytes: int = DEFAULT_READ_AHEAD_BYTES,
-    processes: Processes = Processes(),
-) -> ToHuggingFaceResult:
+def convert_to_huggingface(checkpoint_path: str, output_dir: str, options: ReverseOptions = ReverseOptions(),
+                           run: RunContext = RunContext()) -> ToHuggingFaceResult:
   """Writes `checkpoint_path` (OUT/0/items) as an HF checkpoint directory `output_dir`; see the module docstring.
 
-  With several `processes` each writes its share of the shards; the primary prepares the output first and writes
-  the index and config.json (which make it a checkpoint) once every process has finished.
+  With several processes each writes its share of the shards into the output (converter/output/huggingface.py).
   """
-  limit = parse_size(max_shard_size)
+  limit = parse_size(options.max_shard_size)
   output_dir = storage.resolve(output_dir)
   from converter.checkpoint_reader import CheckpointReader  # pylint: disable=g-import-not-at-top
 
   items_path = items_path_of(checkpoint_path)
   reader = CheckpointReader(items_path, dequantize_fp8=True)
-  plan = plan_to_huggingface(items_path, family=family, hf_config_path=hf_config_path, target_model=target_model,
-                             reader=reader)
+  plan = plan_to_huggingface(items_path, family=options.family, hf_config_path=options.hf_config_path,
+                             target_model=options.target_model, reader=reader)
   for warning in plan.warnings:
     logging.warning("%s", warning)
-  several = processes.count > 1
-  if processes.is_primary:
-    staging = _prepare_output(output_dir, overwrite, shared=several)
-  processes_lib.barrier("output prepared", processes)
-  if not processes.is_primary:
-    staging = output_dir if storage.is_remote(output_dir) else _staging_for(output_dir)
-  try:
-    tensors = in_chunk_order(plan.tensors, reader)
-    shards = [[tensors[i] for i in shard] for shard in assign_shards([t.spec for t in tensors], limit)]
-    names, mine = _write_shards(plan, reader, staging, shards, read_cache_bytes, read_ahead_bytes,
-                                processes)
-    processes_lib.barrier("shards written", processes)
-    if processes.is_primary:
-      if len(names) > 1:
-        index = index_json([t.spec for t in tensors],
-                           {t.name: name for name, shard in zip(names, shards) for t in shard})
-        storage.write_text(storage.join(staging, INDEX_FILE), json.dumps(index, indent=2) + "\n")
-      storage.write_text(storage.join(staging, "config.json"),
-                         json.dumps(written_config(plan), indent=2, sort_keys=True) + "\n")
-      _publish(staging, output_dir)
-  except OSError as e:
-    if processes.is_primary:
-      storage.remove_tree(staging)
-    raise ConversionError(f"{output_dir}: writing the HF checkpoint failed: {e}") from e
-  except BaseException:
-    if processes.is_primary:
-      storage.remove_tree(staging)
-    raise
-  processes_lib.barrier("published", processes)
+  tensors = in_chunk_order(plan.tensors, reader)
+  shards = [[tensors[i] for i in shard] for shard in assign_shards([t.spec for t in tensors], limit)]
+  names = shard_names(len(shards))
+  mine: list[str] = []
+
+  def write_shards(directory: str) -> None:
+    mine.extend(_write_shards(reader, directory, shards, names, options, run.processes))
+
+  def last_files() -> dict[str, str]:
+    files = {}
+    if len(names) > 1:
+      index = index_json([t.spec for t in tensors], {t.name: name for name, shard in zip(names, shards) for t in shard})
+      files[INDEX_FILE] = json.dumps(index, indent=2) + "\n"
+    files["config.json"] = json.dumps(written_config(plan), indent=2, sort_keys=True) + "\n"
+    return files
+
+  HuggingFaceOutput(output_dir, run).write(write_shards, last_files)
   return ToHuggingFaceResult(plan, output_dir, tuple(names), plan.total_bytes, tuple(mine))

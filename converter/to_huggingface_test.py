@@ -4,8 +4,6 @@ the writer; its output is on disk before it is renamed into place."""
 from __future__ import annotations
 
 import itertools
-import os
-import tempfile
 import threading
 import time
 from unittest import mock
@@ -130,26 +128,6 @@ class ChunkOrderTest(absltest.TestCase):
     tensors = _expert_tensors(self.WO, 6, 5) + _expert_tensors(self.WI, 6, 5)
     ordered = to_huggingface.in_chunk_order(tensors, reader)
     self.assertEqual([t.pieces[0][0].leaf for t in ordered], [self.WO] * 30 + [self.WI] * 30)
-
-
-class PublishTest(absltest.TestCase):
-
-  def test_everything_is_synced_before_the_rename_and_the_rename_after(self):
-    parent = tempfile.mkdtemp(dir=absltest.get_default_test_tmpdir())
-    staging, output_dir = os.path.join(parent, ".out.tmp"), os.path.join(parent, "out")
-    os.makedirs(staging)
-    for name in ("model-00001-of-00002.safetensors", to_huggingface.INDEX_FILE, "config.json"):
-      with open(os.path.join(staging, name), "w") as f:
-        f.write("{}")
-    events = []
-    real_rename = os.rename
-    with mock.patch.object(to_huggingface, "_sync", lambda path: events.append(("sync", path))), \
-         mock.patch.object(os, "rename", lambda a, b: (events.append(("rename", b)), real_rename(a, b))):
-      to_huggingface._publish(staging, output_dir)
-    self.assertEqual(events, [("sync", os.path.join(staging, to_huggingface.INDEX_FILE)),
-                              ("sync", os.path.join(staging, "config.json")), ("sync", staging),
-                              ("rename", output_dir), ("sync", parent)])
-    self.assertTrue(os.path.isfile(os.path.join(output_dir, "config.json")))
 
 
 if __name__ == "__main__":

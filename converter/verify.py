@@ -12,8 +12,9 @@ from typing import Callable
 import numpy as np
 
 from converter.checkpoint_reader import CheckpointReader
+from converter.lazy_leaves import lazy_tensor
 from converter.plan import Plan
-from handlers import LazyTensor, Processes, shares
+from handlers import Processes, shares
 from handlers.streaming import plan_blocks
 
 _READ_CACHE_BYTES = 256 << 20
@@ -42,7 +43,7 @@ def verify_checkpoint(
   reader = CheckpointReader(items_path)
   mismatches: list[str] = []
   blocks = total = 0
-  lazies = [LazyTensor(leaf.name, leaf.shape, leaf.dtype, leaf.loader) for leaf in plan.leaves]
+  lazies = [lazy_tensor(leaf) for leaf in plan.leaves]
   block_shapes, indices, sizes = plan_blocks(lazies)
   owner = iter(shares.owners(sizes, processes.count))
   mine = [[index for index in leaf_indices if next(owner) == processes.index] for leaf_indices in indices]

@@ -34,6 +34,7 @@ import numpy as np  # pylint: disable=g-import-not-at-top,g-bad-import-order
 
 from converter import ops, reverse_plan, safetensors_output, to_huggingface  # pylint: disable=g-import-not-at-top
 from converter.checkpoint_reader import CheckpointReader  # pylint: disable=g-import-not-at-top
+from converter.options import ReverseOptions  # pylint: disable=g-import-not-at-top
 from tools import tiny_models, validate_lib  # pylint: disable=g-import-not-at-top
 
 FULL_GRID_MODELS = ("qwen3", "qwen3_moe", "llama3.1")
@@ -300,7 +301,7 @@ class RoundTripTest(parameterized.TestCase):
 
     out = os.path.join(harness.scratch_dir("inprocess-"), "hf")
     with mock.patch.object(checkpoint_reader.OpenArray, "read", recording_read):
-      result = to_huggingface.convert_to_huggingface(items, out, max_shard_size="1MB")
+      result = to_huggingface.convert_to_huggingface(items, out, ReverseOptions(max_shard_size="1MB"))
     self.assertEqual(len(reads), result.num_tensors)  # One read per HF tensor, none of a whole stacked leaf.
     for leaf, read_bytes, leaf_bytes in reads:
       if "/layers/" in leaf:
@@ -319,7 +320,7 @@ class RoundTripTest(parameterized.TestCase):
     model_dir, _ = tiny_model(model)
     items = to_maxtext(model_dir, "--save_dtype=float32", *flags)
     whole = os.path.join(harness.scratch_dir("inprocess-"), "hf")
-    to_huggingface.convert_to_huggingface(items, whole, max_shard_size="1MB")
+    to_huggingface.convert_to_huggingface(items, whole, ReverseOptions(max_shard_size="1MB"))
     reads = []
     real_read = checkpoint_reader.OpenArray.read
 
@@ -331,7 +332,7 @@ class RoundTripTest(parameterized.TestCase):
     sliced = os.path.join(harness.scratch_dir("inprocess-"), "hf")
     with mock.patch.object(reverse_plan, "ROW_BLOCK_BYTES", 4096), \
          mock.patch.object(checkpoint_reader.OpenArray, "read", recording_read):
-      to_huggingface.convert_to_huggingface(items, sliced, max_shard_size="1MB")
+      to_huggingface.convert_to_huggingface(items, sliced, ReverseOptions(max_shard_size="1MB"))
     self.assertEqual(sorted(os.listdir(sliced)), sorted(os.listdir(whole)))
     for name in os.listdir(whole):
       with open(os.path.join(sliced, name), "rb") as a, open(os.path.join(whole, name), "rb") as b:

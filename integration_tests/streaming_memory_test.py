@@ -23,7 +23,10 @@ jax.config.update("jax_num_cpu_devices", 16)
 import numpy as np  # pylint: disable=g-import-not-at-top,g-bad-import-order
 from absl.testing import absltest, parameterized
 
-from converter import families, writer  # pylint: disable=g-import-not-at-top
+from converter import families  # pylint: disable=g-import-not-at-top
+from converter.options import PlanOptions, SaveOptions  # pylint: disable=g-import-not-at-top
+from converter.output import orbax_writer  # pylint: disable=g-import-not-at-top
+from converter.output.destination import destination_for  # pylint: disable=g-import-not-at-top
 from converter.model_config import load_model_config
 from converter.plan import build_plan
 from converter.sources import open_source
@@ -90,7 +93,7 @@ class StreamingMemoryTest(parameterized.TestCase):
   def _plan(self, model: str):
     config = load_model_config(self.model_dirs[model])
     return build_plan(open_source(self.model_dirs[model], config.raw, config.path), families.resolve(config),
-                      scan_layers=True, save_dtype="float32")
+                      PlanOptions(scan_layers=True, save_dtype="float32"))
 
   @parameterized.named_parameters(("qwen3_moe_devices1", "qwen3_moe", 1), ("qwen3_moe_devices16", "qwen3_moe", 16),
                                   ("gpt_oss_mxfp4_devices1", "gpt_oss_mxfp4", 1))
@@ -105,8 +108,9 @@ class StreamingMemoryTest(parameterized.TestCase):
     stored_read = TensorInfo.read
     tracked_read = lambda info, *args, **kwargs: live.track(stored_read(info, *args, **kwargs))
     with mock.patch.object(TensorInfo, "read", tracked_read):
-      items = writer.save(tracked, out, lazy=True, devices=devices, max_inflight_bytes=budget,
-                          custom_metadata={"scan_layers": True})
+      items = orbax_writer.save(tracked, destination_for(out),
+                                SaveOptions(lazy=True, devices=devices, max_inflight_bytes=budget),
+                                custom_metadata={"scan_layers": True})
     largest_leaf = max(leaf.nbytes for leaf in plan.leaves)
     self.assertGreater(largest_leaf, 4 * budget)  # Otherwise this test would prove nothing.
     # A block is alive twice while it is transformed (as read from the file, and as transformed).
@@ -115,8 +119,9 @@ class StreamingMemoryTest(parameterized.TestCase):
     self.assertLess(live.largest, largest_leaf)
     # Same values as the eager reference arm.
     eager_out = harness.scratch_dir("eager-")
-    eager = writer.save(self._plan(model), eager_out, lazy=False, devices=1, max_inflight_bytes=budget,
-                        custom_metadata={"scan_layers": True})
+    eager = orbax_writer.save(self._plan(model), destination_for(eager_out),
+                              SaveOptions(lazy=False, devices=1, max_inflight_bytes=budget),
+                              custom_metadata={"scan_layers": True})
     diffs = checkpoint_io.trees_bit_identical(checkpoint_io.restore_v0(items), checkpoint_io.restore_v0(eager))
     self.assertEqual(diffs, [])
     types = set(checkpoint_io.leaf_value_types(items).values()) - {"scalar", "Dict"}

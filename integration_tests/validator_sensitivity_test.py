@@ -17,7 +17,10 @@ from integration_tests import harness
 
 harness.start_jax()
 
-from converter import families, writer  # pylint: disable=g-import-not-at-top,g-bad-import-order
+from converter import families  # pylint: disable=g-import-not-at-top,g-bad-import-order
+from converter.options import PlanOptions, SaveOptions  # pylint: disable=g-import-not-at-top
+from converter.output import orbax_writer  # pylint: disable=g-import-not-at-top
+from converter.output.destination import destination_for  # pylint: disable=g-import-not-at-top
 from converter.families import Layout
 from converter.model_config import load_model_config
 from converter.plan import build_plan
@@ -69,14 +72,15 @@ class ValidatorSensitivityTest(parameterized.TestCase):
     model = families.resolve(config)
     broken = dataclasses.replace(model.family, layout=lambda *args: mutate(model.family.layout(*args)))
     return build_plan(open_source(self.model_dir, config.raw, config.path), dataclasses.replace(model, family=broken),
-                      scan_layers=True, save_dtype="float32", **kwargs)
+                      PlanOptions(scan_layers=True, save_dtype="float32", **kwargs))
 
   def _convert_with(self, mutate) -> str:
     plan = self._plan(mutate, allow_unused_tensors=True)
     out = harness.scratch_dir("broken-")
-    writer.save(plan, out, lazy=True, devices=1, max_inflight_bytes=1 << 30,
-                custom_metadata={"scan_layers": True, "hf2maxtext": {"family": "qwen3", "target_model": "qwen3",
-                                                                   "maxtext_overrides": plan.runtime.config.overrides()}})
+    orbax_writer.save(plan, destination_for(out), SaveOptions(lazy=True, devices=1, max_inflight_bytes=1 << 30),
+                      custom_metadata={"scan_layers": True, "hf2maxtext": {
+                          "family": "qwen3", "target_model": "qwen3",
+                          "maxtext_overrides": plan.runtime.config.overrides()}})
     return os.path.join(out, "0", "items")
 
   def test_correct_conversion_passes(self):

@@ -10,6 +10,7 @@ import numpy as np
 
 from converter import families
 from converter.model_config import load_model_config
+from converter.output.record import ConversionRecord
 from tools import checkpoint_io, forward, quantize
 
 
@@ -79,15 +80,13 @@ def compare_logits(ours: np.ndarray, reference: np.ndarray) -> tuple[float, floa
 def recorded_runtime(hf_model_path: str, items_path: str, tree: Any) -> tuple[families.Runtime, families.Layout]:
   """What MaxText computes with the checkpoint, from what the converter recorded in it: the overrides exactly as
   recorded (what a user passes to MaxText), the decoder's fixed rules and the layout of the recorded target."""
-  metadata = checkpoint_io.custom_metadata(items_path)
-  info = metadata.get("hf2maxtext", {})
-  model = families.resolve(load_model_config(hf_model_path), family=info.get("family"),
-                           target_model=info.get("target_model"))
+  record = ConversionRecord.read(items_path)
+  model = families.resolve(load_model_config(hf_model_path), family=record.family, target_model=record.target_model)
   params = tree["params"]["params"]
-  scan_layers = bool(metadata.get("scan_layers", "layers" in params["decoder"]))
+  scan_layers = record.scan_layers if record.scan_layers is not None else "layers" in params["decoder"]
   runtime = model.runtime
-  if "maxtext_overrides" in info:
-    runtime = families.Runtime(families.MaxTextConfig(**info["maxtext_overrides"]), model.runtime.decoder)
+  if record.maxtext_overrides is not None:
+    runtime = families.Runtime(families.MaxTextConfig(**record.maxtext_overrides), model.runtime.decoder)
   return runtime, model.layout(params["token_embedder"]["embedding"].shape[0], scan_layers)
 
 
@@ -135,7 +134,7 @@ def validate(
   ids = token_ids(config.vocab_size, batch, seq_len, seed)
   ours, tree, identical = checkpoint_logits(hf_model_path, items_path, ids)
   if reference is None:
-    saved_dtype = checkpoint_io.custom_metadata(items_path).get("hf2maxtext", {}).get("save_dtype", "float32")
+    saved_dtype = ConversionRecord.read(items_path).save_dtype or "float32"
     reference = reference_logits(hf_model_path, ids, saved_dtype)
   diff, cosine, agreement = compare_logits(ours, reference)
   return Report(diff, cosine, agreement, identical, len(checkpoint_io.flatten(tree)))

@@ -10,11 +10,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
+from converter.arrays import Shape
 from converter.families.runtime import Runtime
 from converter.model_config import ModelConfig
 from converter.ops import Op
 
-Shape = tuple[int, ...]
 SCAN_AXIS = 1  # MaxText's param_scan_axis: the layer axis of a scanned leaf.
 ROTARY_CACHES = {r".*\.rotary_emb\.inv_freq$": ""}  # Recomputed by every model; nothing to convert.
 

@@ -24,6 +24,7 @@ from absl.testing import absltest, parameterized
 
 from converter import families
 from converter.model_config import parse_model_config
+from converter.options import PlanOptions
 from converter.plan import build_plan
 from tools import tiny_models
 
@@ -79,8 +80,8 @@ def describe(model_name: str) -> str:
   model = families.resolve(config)
   lines = [f"# {model_name}: family {model.family.name}, target {model.target}"]
   for scan_layers in tiny_models.TINY_MODELS[model_name].scans:  # Gemma 4 small: unscanned only.
-    plan = build_plan(HeaderOnlySource(_hf_tensors(model, scan_layers)), model, scan_layers=scan_layers,
-                      save_dtype="bfloat16")
+    plan = build_plan(HeaderOnlySource(_hf_tensors(model, scan_layers)), model,
+                      PlanOptions(scan_layers=scan_layers, save_dtype="bfloat16"))
     lines.append(f"## scan_layers={str(scan_layers).lower()}")
     lines.append("overrides: " + json.dumps(plan.runtime.config.overrides(), sort_keys=True))
     for leaf in plan.leaves:

@@ -18,7 +18,8 @@ from typing import Mapping, Protocol, Sequence, runtime_checkable
 import ml_dtypes
 import numpy as np
 
-Shape = tuple[int, ...]
+from converter.arrays import Shape
+
 # A region of a tensor: an int (drops the axis) or a step-1 slice for each of its leading axes; the axes after
 # them are whole.
 Region = tuple[int | slice, ...]

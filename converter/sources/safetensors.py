@@ -1,5 +1,5 @@
-"""The plain source: HuggingFace safetensors files, their tensors read through memory maps (mapped_file.py) or, in
-a bucket, with one ranged request per read (ranged_file.py): never a copy of a whole shard.
+"""The plain source: HuggingFace safetensors files, their tensors read through memory maps or, in a bucket, with
+one ranged request per read (`storage.read_region`): never a copy of a whole shard.
 
 The header is parsed here rather than by the `safetensors` package so that every tensor's dtype, shape and byte
 range can be checked against the file before anything is read (a truncated download or a corrupt header is
@@ -23,7 +23,6 @@ import numpy as np
 from converter import storage
 from converter.arrays import transpose_last_two
 from converter.errors import ConversionError
-from converter.sources import mapped_file, ranged_file
 from converter.sources.base import Region, as_slices, region_bounds, region_shape, squeeze_ints
 
 SAFETENSORS_DTYPES: Mapping[str, np.dtype] = {
@@ -84,12 +83,11 @@ class TensorInfo:
       slices = as_slices(self.shape, region)
     except ValueError as e:
       raise ConversionError(f"{self.path}: tensor {self.name!r} {self.shape}: {e}") from e
-    reader = ranged_file if storage.is_remote(self.path) else mapped_file
     try:
       # Swapped while copying out of the file unless an int indexes one of the two axes (then after).
       in_copy = transpose and all(isinstance(i, slice) for i in region[len(self.shape) - 2:])
-      copy = reader.read(self.path, self.begin, self.dtype, self.shape, slices, self._byte_span(region),
-                         dtype if dtype is not None else self.dtype, transpose=in_copy)
+      copy = storage.read_region(self.path, self.begin, self.dtype, self.shape, slices, self._byte_span(region),
+                                 dtype if dtype is not None else self.dtype, transpose=in_copy)
     except (OSError, ValueError) as e:
       raise ConversionError(f"{self.path}: cannot read tensor {self.name!r}: {e}") from e
     value = squeeze_ints(copy, region)

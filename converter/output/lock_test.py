@@ -10,7 +10,8 @@ import textwrap
 
 from absl.testing import absltest
 
-from converter import output_lock
+from converter.output import local
+from converter.output import lock as output_lock
 from converter.errors import ConversionError
 
 
@@ -23,7 +24,7 @@ class LocalLockTest(absltest.TestCase):
       self.assertEqual(record["pid"], os.getpid())
       # flock is per open file: another process (not another open in this one) must be refused.
       child = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
-          from converter import output_lock
+          from converter.output import lock as output_lock
           with output_lock.hold({out!r}):
             pass
           """)], capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=os.getcwd()), timeout=60)
@@ -47,7 +48,7 @@ class LocalLockTest(absltest.TestCase):
 
   def test_refusal_names_an_unreadable_holder(self):
     out = os.path.join(tempfile.mkdtemp(), "out")
-    lock = output_lock._LocalLock(output_lock.lock_path(out))  # pylint: disable=protected-access
+    lock = local.LocalLock(output_lock.lock_path(out))
     with open(lock.path, "w") as f:
       f.write("garbage")
     self.assertIn("holder unknown", lock._refusal())  # pylint: disable=protected-access

@@ -8,12 +8,13 @@ OCDBT has committed it to disk), next to a fingerprint of the inputs and the pla
   OUT/0.hf2maxtext-resume/gen-N/            attempt N's Orbax temporary directory, moved here after it died
 
 A killed save never commits, so what it leaves (`OUT/0.orbax-checkpoint-tmp` on a local disk, an `OUT/0` without
-`commit_success.txt` in a bucket: converter/orbax_layout.py) is nothing a loader takes for a checkpoint.
+`commit_success.txt` in a bucket: the destination's `unfinished_steps`) is nothing a loader takes for a checkpoint.
 `--resume` moves it into the resume directory as the generation its journal names, then runs a fresh save in
 which every journaled block is copied from the newest generation holding it instead of being read and
 transformed again: the result is byte-for-byte the checkpoint an uninterrupted run writes. Generations nothing
 refers to any more are deleted. In a bucket, where objects cannot be appended to, a journal is a series of small
-objects (`gen-N.journal.000000`, ...), one per half second of written blocks; the move is a server-side copy.
+objects (`gen-N.journal.000000`, ...), one per half second of written blocks (the journals are the
+destination's: converter/output/local.py, bucket.py); the move is a server-side copy.
 """
 
 from __future__ import annotations
@@ -21,24 +22,26 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import re
 import threading
-import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import tensorstore as ts
 from absl import logging
 
-from converter import orbax_layout, storage
+from converter import storage
+from converter.arrays import Shape
 from converter.errors import ConversionError
-from converter.plan import Plan, source_tensors
-from converter import processes as processes_lib
-from handlers import BlockWritten, Processes
+from converter.loader import Loader
+from converter.output import layout as orbax_layout
+from converter.output.destination import Destination, Journal
+from converter.output.primary import on_primary_then_all
+from converter.plan import Plan
+from converter.sources import SourceTensor
+from handlers import Processes
 
 RESUME_DIR = f"{orbax_layout.STEP}.hf2maxtext-resume"
-_FSYNC_INTERVAL_S = 0.5
 # gen-N.journal (one process), gen-N.process-I.journal (process I of several); .NNNNNN parts in buckets.
 _JOURNAL = re.compile(r"gen-(\d+)(?:\.process-(\d+))?\.journal(\.\d+)?$")
 
@@ -49,7 +52,7 @@ def resume_dir(output_dir: str) -> str:
 
 def fingerprint(plan: Plan) -> dict[str, Any]:
   """What must not change between an interrupted run and its resumption."""
-  files = sorted({f for leaf in plan.leaves for t in source_tensors(leaf.loader) for f in t.files})
+  files = sorted({f for leaf in plan.leaves for t in leaf.loader.source_tensors() for f in t.files})
   return {
       "inputs": [[f, storage.size(f), storage.version(f)] for f in files],
       "plan": hashlib.sha256(json.dumps(
@@ -57,77 +60,6 @@ def fingerprint(plan: Plan) -> dict[str, Any]:
       ).encode()).hexdigest(),
       "target_model": plan.target_model,
   }
-
-
-class Journal:
-  """Appends written blocks to gen-N.journal, durable at most every half second (a lost tail is redone): an
-  fsync'd local file, or in a bucket one new object per interval, uploaded by a thread of its own so that a slow
-  or failing bucket never holds up the save's event loop."""
-
-  def __init__(self, path: str):
-    self.path = path
-    self._remote = storage.is_remote(path)
-    self._file = None if self._remote else open(path, "a", encoding="utf-8")
-    self._pending: list[str] = []
-    self._parts = 0
-    self._closed = False
-    self._lock = threading.Lock()
-    self._last_sync = time.monotonic()
-    self._stop = threading.Event()
-    self._uploader = None
-    if self._remote:
-      self._uploader = threading.Thread(target=self._upload_every_interval, name="resume-journal", daemon=True)
-      self._uploader.start()
-
-  def __call__(self, event: BlockWritten) -> None:
-    line = json.dumps({"a": event.array_name, "s": list(event.start), "e": list(event.stop)}) + "\n"
-    with self._lock:
-      if self._remote:
-        self._pending.append(line)
-        return
-      self._file.write(line)
-      self._file.flush()
-      if time.monotonic() - self._last_sync >= _FSYNC_INTERVAL_S:
-        os.fsync(self._file.fileno())
-        self._last_sync = time.monotonic()
-
-  def _upload(self) -> None:
-    """Writes the pending entries as the next part; raises ConversionError (keeping them) when it cannot."""
-    with self._lock:
-      lines, self._pending = self._pending, []
-    if not lines:
-      return
-    try:
-      storage.write_text(f"{self.path}.{self._parts:06d}", "".join(lines))
-    except ConversionError:
-      with self._lock:
-        self._pending[:0] = lines
-      raise
-    self._parts += 1
-
-  def _upload_every_interval(self) -> None:
-    while not self._stop.wait(_FSYNC_INTERVAL_S):
-      try:
-        self._upload()
-      except ConversionError as e:
-        # Not fatal by itself: the entries are retried with the next interval, and the blocks of any that are
-        # never written are redone by --resume.
-        logging.warning("resume journal: %s; retrying", e)
-
-  def close(self) -> None:
-    """Makes every entry durable; raises ConversionError when the bucket's last part cannot be written."""
-    with self._lock:
-      if self._closed:
-        return
-      self._closed = True
-    if self._remote:
-      self._stop.set()
-      self._uploader.join()
-      self._upload()
-    else:
-      self._file.flush()
-      os.fsync(self._file.fileno())
-      self._file.close()
 
 
 Block = tuple[tuple[int, ...], tuple[int, ...]]  # (start, stop) of a region.
@@ -193,14 +125,14 @@ def journal_path(output_dir: str, generation: int, processes: Processes) -> str:
   return storage.join(resume_dir(output_dir), f"gen-{generation}{process}.journal")
 
 
-def prepare(output_dir: str, plan: Plan, *, resume: bool,
+def prepare(destination: Destination, plan: Plan, *, resume: bool,
             processes: Processes = Processes()) -> tuple[Salvage, Journal]:
   """Sets up this attempt's journal; with `resume`, collects what earlier attempts wrote.
 
   With several processes every process checks the fingerprint and reads every journal (each may salvage blocks
   any process wrote), but only the primary moves and deletes, before a barrier.
   """
-  directory = resume_dir(output_dir)
+  directory = resume_dir(destination.path)
   current = fingerprint(plan)
   fingerprint_path = storage.join(directory, "fingerprint.json")
   resuming = resume and storage.is_file(fingerprint_path)
@@ -209,18 +141,17 @@ def prepare(output_dir: str, plan: Plan, *, resume: bool,
         f"{directory}: cannot resume: the inputs or the plan changed since the interrupted run"
         " (different files, sizes, modification times, flags or target); rerun without --resume"
     )
-  if processes.is_primary:
-    _prepare_directory(output_dir, current, resuming=resuming, warn=resume and not resuming)
-  processes_lib.barrier("resume directory prepared", processes)
+  on_primary_then_all(processes, "resume directory prepared",
+                      lambda: _prepare_directory(destination, current, resuming=resuming, warn=resume and not resuming))
   salvage, generation = _salvage(directory) if resuming else ({}, 0)
-  return Salvage(salvage), Journal(journal_path(output_dir, generation, processes))
+  return Salvage(salvage), destination.journal(journal_path(destination.path, generation, processes))
 
 
-def _prepare_directory(output_dir: str, current: dict[str, Any], *, resuming: bool, warn: bool) -> None:
+def _prepare_directory(destination: Destination, current: dict[str, Any], *, resuming: bool, warn: bool) -> None:
   """Resuming: parks the dead run's unfinished step as the generation its journals name and deletes the
   generations nothing refers to; otherwise starts an empty resume directory with the fingerprint."""
-  directory = resume_dir(output_dir)
-  stale = orbax_layout.unfinished_paths(output_dir)
+  directory = resume_dir(destination.path)
+  stale = destination.unfinished_steps()
   if resuming:
     journals = _journals(directory)
     if journals and stale:
@@ -279,7 +210,7 @@ def with_salvage(plan: Plan, salvage: Salvage) -> Plan:
   return dataclasses.replace(plan, leaves=tuple(leaves))
 
 
-def park(output_dir: str, journal: Journal) -> bool:
+def park(destination: Destination, journal: Journal) -> bool:
   """After a failed save: moves what Orbax left unfinished into the resume directory; True if anything is kept.
 
   Best effort, since the save may have failed because the storage did: journal entries that cannot be written
@@ -294,14 +225,15 @@ def park(output_dir: str, journal: Journal) -> bool:
                     " what was written stays where it is for --resume", e)
     return True
   try:
-    stale = orbax_layout.unfinished_paths(output_dir)
+    stale = destination.unfinished_steps()
     if not stale:
       return False
     if _JOURNAL.match(storage.basename(journal.path)).group(2) is not None:
       return True  # Several processes: others may still be writing there; --resume's primary parks it.
-    storage.move(stale[0], storage.join(resume_dir(output_dir), storage.basename(journal.path)[: -len(".journal")]))
+    storage.move(stale[0],
+                 storage.join(resume_dir(destination.path), storage.basename(journal.path)[: -len(".journal")]))
   except ConversionError as e:
-    logging.warning("%s: what was written stays where it is for --resume (%s)", output_dir, e)
+    logging.warning("%s: what was written stays where it is for --resume (%s)", destination.path, e)
   return True
 
 
@@ -338,13 +270,27 @@ class SalvagingLoader:
   leaf into other blocks; those are recomputed).
   """
 
-  inner: Any
+  inner: Loader
   array_name: str
   salvaged: dict[Block, Salvaged]
 
   @property
-  def block_shape(self) -> tuple[int, ...]:
+  def shape(self) -> Shape:
+    return self.inner.shape
+
+  @property
+  def dtype(self) -> np.dtype:
+    return self.inner.dtype
+
+  @property
+  def block_shape(self) -> Shape:
     return self.inner.block_shape
+
+  def source_tensors(self) -> tuple[SourceTensor, ...]:
+    return self.inner.source_tensors()
+
+  def map_reads(self, read: Callable[[Loader], Loader]) -> Loader:
+    return dataclasses.replace(self, inner=self.inner.map_reads(read))
 
   def __call__(self) -> np.ndarray:
     return self.inner()

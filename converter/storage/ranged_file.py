@@ -1,4 +1,4 @@
-"""A bucket object's tensor regions, each with one ranged request (converter/storage.py) for the bytes from the
+"""A bucket object's tensor regions, each with one ranged request (`storage.read_bytes`) for the bytes from the
 region's first element to its last: a run of rows is exactly its bytes; a block of a 2-D grid reads the rows
 between, which are small. Nothing else of the object is fetched."""
 
@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from converter import storage
 from converter.arrays import private_copy
 
 
@@ -18,6 +17,8 @@ def read(path: str, begin: int, stored: np.dtype, shape: tuple[int, ...], slices
   region = tuple(s.stop - s.start for s in slices) + tuple(shape[len(slices):])
   if last <= first:
     return np.zeros(region[:-2] + (region[-1], region[-2]) if transpose else region, dtype)
+  from converter import storage  # pylint: disable=g-import-not-at-top  (the package imports this module)
+
   data = np.frombuffer(storage.read_bytes(path, first, last), dtype=stored)
   strides = tuple(int(np.prod(shape[k + 1:], dtype=np.int64)) * stored.itemsize for k in range(len(shape)))
   view = np.lib.stride_tricks.as_strided(data, region, strides, writeable=False)

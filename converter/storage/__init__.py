@@ -14,8 +14,11 @@ import posixpath
 import threading
 from typing import Any
 
+import numpy as np
+
 from converter import write_behind
 from converter.errors import ConversionError
+from converter.storage import mapped_file, ranged_file
 
 REMOTE_SCHEMES = ("gs://", "s3://")  # s3:// is refused by `resolve` (see there).
 
@@ -219,6 +222,15 @@ def read_bytes(path: str, start: int = 0, stop: int | None = None) -> bytes:
     raise remote_error(path, FileNotFoundError("not found"), "reading")
   return result.value
 
+
+
+def read_region(path: str, begin: int, stored: np.dtype, shape: tuple[int, ...], slices: tuple[slice, ...],
+                span: tuple[int, int], dtype: np.dtype, transpose: bool = False) -> np.ndarray:
+  """A C-ordered private copy of `[slices]` of the tensor stored at byte `begin` of `path`, cast to `dtype`
+  (`span`: the absolute byte range the slices touch; `transpose` swaps the last two axes as it copies): through a
+  memory map of a local file (mapped_file.py), or one ranged request to a bucket (ranged_file.py)."""
+  reader = ranged_file if is_remote(path) else mapped_file
+  return reader.read(path, begin, stored, shape, slices, span, dtype, transpose=transpose)
 
 
 def filesystem(path: str, **options: Any):

@@ -1,0 +1,201 @@
+"""The plan's loaders (converter/loader.py's interface): one source tensor through the family's ops, a stack of
+parts, parts joined into the slots of one value. Large tensors are read a slab of rows at a time (`row_slabs`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Callable
+
+import numpy as np
+
+from converter import ops as ops_lib
+from converter.arrays import Shape, assign
+from converter.loader import Loader
+from converter.ops import Op
+from converter.sources import SourceTensor
+
+ROW_BLOCK_BYTES = 16 << 20  # Kept under glibc's mmap threshold, as the write blocks (handlers/streaming.py).
+_ELEMENTWISE = (ops_lib.ScaleInFloat32, ops_lib.AddInFloat32)
+_WITHIN_HEAD = (*_ELEMENTWISE, ops_lib.InterleaveRope)
+
+
+def _row_preserving(op: Op, ndim: int) -> bool:
+  """Whether `op` maps each row of a 2-D tensor to the same row of its output."""
+  return isinstance(op, _ELEMENTWISE) or (isinstance(op, ops_lib.Slot) and op.axis % ndim != 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Slabs:
+  """How a run of the source tensor's rows converts on its own: source rows `unit * i` to `unit * (i + 1)` make
+  index i of the output's `axis`."""
+
+  axis: int
+  unit: int
+
+
+def row_slabs(ops: tuple[Op, ...], part_shape: Shape) -> Slabs | None:
+  """The output axis along the source's rows, when a slab of rows converts on its own; None otherwise.
+
+  The largest single tensors are embeddings and logits kernels (Qwen3's 151936-row tables, 1.2 GB each),
+  attention projections (Llama 3 405B's q_proj: 537 MB; DeepSeek V3's o_proj: 235 MB) and one expert of a fused
+  expert tensor (Llama 4 Maverick: 168 MB): reading them a slab of rows at a time keeps every block, and so the
+  memory a save needs, small. Rows stay rows (embeddings, fused experts split along their columns), become
+  columns (logits kernels, MLP kernels), whole heads (q/k/v kernels: (H*D, E) -> (E, H, D)) or the last axis
+  (output kernels: (E, H*D) -> (H, D, E)).
+  """
+  if len(part_shape) != 2:
+    return None
+  if all(_row_preserving(op, 2) or isinstance(op, ops_lib.PadRows) for op in ops):
+    return Slabs(0, 1)
+  if not ops or not isinstance(ops[0], ops_lib.Transpose):
+    return None
+  rest = ops[1:]
+  if all(isinstance(op, (*_ELEMENTWISE, ops_lib.PadColumns)) for op in rest):
+    return Slabs(1, 1)
+  if not isinstance(rest[0], ops_lib.Reshape) or not all(isinstance(op, _WITHIN_HEAD) for op in rest[1:]):
+    return None
+  rows, columns = part_shape
+  heads = rest[0].new_shape
+  if len(heads) == 3 and heads[0] == columns:  # (H*D, E) -> (E, H*D) -> (E, H, D): rows are whole heads.
+    return Slabs(1, heads[2])
+  if heads[-1] == rows and not rest[1:]:  # (E, H*D) -> (H*D, E) -> (H, D, E): rows are the last axis.
+    return Slabs(len(heads) - 1, 1)
+  return None
+
+
+def slab_ops(ops: tuple[Op, ...], slabs: Slabs, count: int) -> tuple[Op, ...]:
+  """`ops` for a slab of `count` indices of `slabs.axis`: the shape-dependent ones resized."""
+  resized = []
+  for op in ops:
+    if isinstance(op, ops_lib.PadRows):
+      op = ops_lib.PadRows(count)
+    elif isinstance(op, ops_lib.PadColumns):
+      op = ops_lib.PadColumns(count)
+    elif isinstance(op, ops_lib.Reshape):
+      op = ops_lib.Reshape(op.new_shape[: slabs.axis] + (count,) + op.new_shape[slabs.axis + 1 :])
+    resized.append(op)
+  return tuple(resized)
+
+
+@dataclasses.dataclass(frozen=True)
+class FromTensor:
+  """Loader: one source tensor (or one expert's slice of it, `lead`), read in the save dtype, then the family's
+  ops; large ones a slab of rows at a time (see `row_slabs`)."""
+
+  tensor: SourceTensor
+  lead: tuple[int, ...]
+  ops: tuple[Op, ...]
+  dtype: np.dtype
+  shape: Shape
+
+  @property
+  def _part_shape(self) -> Shape:
+    return tuple(self.tensor.shape[len(self.lead):])
+
+  @property
+  def _slabs(self) -> Slabs | None:
+    if math.prod(self.shape) * self.dtype.itemsize <= ROW_BLOCK_BYTES:
+      return None
+    return row_slabs(self.ops, self._part_shape)
+
+  @property
+  def block_shape(self) -> Shape:
+    slabs = self._slabs
+    if slabs is None:
+      return self.shape
+    index_bytes = math.prod(self.shape) // self.shape[slabs.axis] * self.dtype.itemsize
+    block = list(self.shape)
+    block[slabs.axis] = max(1, ROW_BLOCK_BYTES // index_bytes)
+    return tuple(block)
+
+  def _read(self, region: tuple, ops: tuple[Op, ...]) -> np.ndarray:
+    """The source region with `ops` applied; a leading 2-D transpose is done by the source as it copies."""
+    transpose = bool(ops) and isinstance(ops[0], ops_lib.Transpose) and len(self._part_shape) == 2
+    x = self.tensor.read(self.dtype, region, transpose=transpose)  # A private copy: the ops never see the map.
+    for op in ops[1:] if transpose else ops:
+      x = op(x)
+    return x
+
+  def __call__(self) -> np.ndarray:
+    return self._read(self.lead, self.ops)
+
+  def source_tensors(self) -> tuple[SourceTensor, ...]:
+    return (self.tensor,)
+
+  def map_reads(self, read: Callable[[Loader], Loader]) -> Loader:
+    return read(self)
+
+  def region(self, index: tuple[slice, ...]) -> np.ndarray:
+    slabs = self._slabs
+    if slabs is None:
+      return self()[index]
+    start, stop, _ = index[slabs.axis].indices(self.shape[slabs.axis])
+    stored = self._part_shape[0]  # Rows past the stored ones are padding (a vocabulary padded for MaxText).
+    rows = slice(min(start * slabs.unit, stored), min(stop * slabs.unit, stored))
+    x = self._read(self.lead + (rows,), slab_ops(self.ops, slabs, stop - start))
+    return x[tuple(slice(None) if axis == slabs.axis else s for axis, s in enumerate(index))]
+
+
+@dataclasses.dataclass(frozen=True)
+class Stack:
+  """Loader: parts stacked on a new `axis`; a region loads only the parts it spans."""
+
+  parts: tuple[Loader, ...]
+  axis: int
+  shape: Shape
+  dtype: np.dtype
+
+  @property
+  def block_shape(self) -> Shape:
+    part_block = tuple(self.parts[0].block_shape)
+    return part_block[: self.axis] + (1,) + part_block[self.axis :]
+
+  def source_tensors(self) -> tuple[SourceTensor, ...]:
+    return tuple(t for part in self.parts for t in part.source_tensors())
+
+  def map_reads(self, read: Callable[[Loader], Loader]) -> Loader:
+    parts = tuple(part.map_reads(read) for part in self.parts)
+    return dataclasses.replace(self, parts=parts, dtype=np.dtype(parts[0].dtype))
+
+  def __call__(self) -> np.ndarray:
+    return self.region(tuple(slice(0, d) for d in self.shape))
+
+  def region(self, index: tuple[slice, ...]) -> np.ndarray:
+    along = index[self.axis]
+    part_index = index[: self.axis] + index[self.axis + 1 :]
+    ks = range(*along.indices(self.shape[self.axis]))
+    out_shape = tuple(len(range(*s.indices(d))) for s, d in zip(index, self.shape))
+    out = np.empty(out_shape, dtype=self.dtype)
+    for j, k in enumerate(ks):
+      assign(out[(slice(None),) * self.axis + (j,)], self.parts[k].region(part_index))
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class JoinSlots:
+  """Loader: several params' values, each written into its slot of one value (a packed projection)."""
+
+  parts: tuple[tuple[Loader, ops_lib.Slot], ...]
+  shape: Shape
+  dtype: np.dtype
+
+  @property
+  def block_shape(self) -> Shape:
+    return self.shape
+
+  def source_tensors(self) -> tuple[SourceTensor, ...]:
+    return tuple(t for part, _ in self.parts for t in part.source_tensors())
+
+  def map_reads(self, read: Callable[[Loader], Loader]) -> Loader:
+    parts = tuple((part.map_reads(read), slot) for part, slot in self.parts)
+    return dataclasses.replace(self, parts=parts, dtype=np.dtype(parts[0][0].dtype))
+
+  def __call__(self) -> np.ndarray:
+    out = np.empty(self.shape, self.dtype)
+    for loader, slot in self.parts:
+      slot.place(out, loader())
+    return out
+
+  def region(self, index: tuple[slice, ...]) -> np.ndarray:
+    return self()[index]

@@ -1,0 +1,71 @@
+"""The options of a conversion, grouped by the concern that reads them (as Orbax groups its own on one context).
+
+`main.py` parses each flag once into one of these; the layer that acts on an option is the only other place that
+names it. A library caller builds the same objects.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+  from handlers import Processes
+
+
+def _one_process() -> Processes:
+  from handlers import Processes  # pylint: disable=g-import-not-at-top  (JAX and Orbax: only when a run needs them)
+
+  return Processes()
+
+
+def _default_budget() -> int:
+  from handlers import DEFAULT_MAX_INFLIGHT_BYTES  # pylint: disable=g-import-not-at-top
+
+  return DEFAULT_MAX_INFLIGHT_BYTES
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanOptions:
+  """What the checkpoint becomes: read by the plan (converter/plan.py) and the family resolution."""
+
+  scan_layers: bool = True
+  save_dtype: str = "bfloat16"
+  target_model: str | None = None  # Default: inferred from config.json.
+  target_vocab_size: int | None = None  # Zero-pad the vocabulary to this size.
+  allow_unused_tensors: bool = False
+  keep_fp8: bool = False  # FP8 kernels kept beside their block scales (MaxText's fp8 models).
+
+
+@dataclasses.dataclass(frozen=True)
+class SaveOptions:
+  """How the plan is written to Orbax: read by the Orbax writer (converter/output/orbax_writer.py)."""
+
+  lazy: bool = True  # Each block read when Orbax writes it; False materialises every leaf first.
+  devices: int = 1  # Leaves are sharded over this many (simulated) devices when > 1.
+  max_inflight_bytes: int = dataclasses.field(default_factory=_default_budget)
+  compression: bool = True  # zstd (Orbax's default), else stored uncompressed.
+
+
+@dataclasses.dataclass(frozen=True)
+class ReverseOptions:
+  """MaxText -> HuggingFace: what the HF checkpoint looks like and how much is read ahead."""
+
+  max_shard_size: int | str = "5GB"
+  family: str | None = None  # Default: recorded in the checkpoint.
+  hf_config_path: str | None = None  # For checkpoints that do not record their config.json.
+  target_model: str | None = None
+  read_cache_bytes: int = 1 << 30
+  read_ahead_bytes: int = 128 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class RunContext:
+  """The run around a conversion, in either direction: read by the output (converter/output/)."""
+
+  processes: Processes = dataclasses.field(default_factory=_one_process)
+  overwrite: bool = False  # Replace a finished output.
+  resume: bool = False  # Continue an interrupted conversion from what it wrote durably.
+  progress: Any = None  # A converter.progress.Progress, told the total and every block written.
+  cancel: threading.Event | None = None  # Set to stop before the next block; nothing is committed.

@@ -1,0 +1,86 @@
+"""A kind of output storage: what differs between a local disk and a bucket, chosen once per output.
+
+Orbax commits a step on a local disk by renaming its temporary directory, and in a bucket (which has no rename) by
+writing a commit file last. Everything around the save follows the same split: how the output is locked against
+a second writer, how the resume journal is made durable, how an HF checkpoint is staged and published, whether
+the save's files are written behind. The owners of an output (converter/output/maxtext.py, huggingface.py) ask
+their destination and never test the path themselves.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import ContextManager, Protocol, Sequence
+
+from converter import storage
+from handlers import BlockWritten
+
+
+class Lock(Protocol):
+  """One writer per output (converter/output/lock.py)."""
+
+  lost: str | None  # Why the lock was lost mid-conversion (a bucket lease taken over), else None.
+
+  def acquire(self) -> None:
+    """Takes the lock, or raises ConversionError naming its holder."""
+
+  def release(self) -> None:
+    ...
+
+
+class Journal(Protocol):
+  """The blocks whose writes have completed, durable at most a fixed interval late (converter/output/resume.py)."""
+
+  path: str
+
+  def __call__(self, event: BlockWritten) -> None:
+    ...
+
+  def close(self) -> None:
+    """Makes every entry durable; raises ConversionError when that fails."""
+
+
+class Destination(Protocol):
+  """Where one output lives, and how its steps are committed there."""
+
+  path: str
+
+  def lock(self, lock_path: str, lease_s: float, on_lost: threading.Event | None) -> Lock:
+    ...
+
+  def journal(self, path: str) -> Journal:
+    ...
+
+  def unfinished_steps(self) -> list[str]:
+    """What an interrupted save left of step 0: never something a loader takes for a checkpoint."""
+
+  def has_committed_step(self) -> bool:
+    """Whether step 0 is a finished checkpoint (what MaxText would load)."""
+
+  def check_writable(self) -> None:
+    """Raises ConversionError when the output cannot be written."""
+
+  def writing(self) -> ContextManager[None]:
+    """Wraps an Orbax save into the output (local disks write its data files behind)."""
+
+  def stage(self, overwrite: bool, shared: bool) -> str:
+    """Checks the output can be (re)placed by an HF checkpoint and returns where to write it (`shared`: a place
+    every process of a multi-process conversion finds by name)."""
+
+  def shared_staging(self) -> str:
+    """Where the primary process's `stage(..., shared=True)` put the files."""
+
+  def publish(self, staging: str, unsynced: Sequence[str]) -> None:
+    """Makes the staged HF checkpoint the output, whole or not at all; `unsynced`: the files in `staging` its
+    writers did not sync themselves."""
+
+
+def destination_for(path: str) -> Destination:
+  """The destination of a resolved output path: a bucket for gs:// and s3:// paths, else a local disk."""
+  if storage.is_remote(path):
+    from converter.output.bucket import Bucket  # pylint: disable=g-import-not-at-top
+
+    return Bucket(path)
+  from converter.output.local import LocalDisk  # pylint: disable=g-import-not-at-top
+
+  return LocalDisk(path)

@@ -1,0 +1,60 @@
+"""The output of a conversion back to HuggingFace: OUTPUT_DIR as a safetensors checkpoint directory, whole or not
+at all.
+
+Everything is written into a staging directory beside the output and renamed into place at the end (a local
+disk), or into the prefix itself with config.json written last (a bucket, where config.json is what makes it a
+checkpoint), so a failed conversion leaves nothing that looks finished. With several processes the primary stages
+and publishes; every process writes its shards into the same staging directory in between.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, Mapping
+
+from converter import processes as processes_lib
+from converter import storage
+from converter.errors import ConversionError
+from converter.options import RunContext
+from converter.output import lock
+from converter.output.destination import destination_for
+from converter.output.primary import all_then_on_primary, on_primary_then_all
+
+
+class HuggingFaceOutput:
+  """OUTPUT_DIR of a conversion to HuggingFace, on a local disk or in a bucket."""
+
+  def __init__(self, output_dir: str, run: RunContext):
+    self.path = output_dir
+    self._run = run
+    self._destination = destination_for(output_dir)
+
+  def write(self, write_shards: Callable[[str], None], last_files: Callable[[], Mapping[str, str]]) -> None:
+    """`write_shards(directory)` writes this process's shards there; once every process has, the primary writes
+    `last_files()` (name -> text: the index and config.json, which make it a checkpoint) and publishes."""
+    processes = self._run.processes
+    with lock.hold(self.path) if processes.is_primary else contextlib.nullcontext():
+      staging = on_primary_then_all(
+          processes, "output prepared",
+          lambda: self._destination.stage(self._run.overwrite, shared=processes.count > 1))
+      if staging is None:
+        staging = self._destination.shared_staging()
+      try:
+        write_shards(staging)
+        all_then_on_primary(processes, "shards written", lambda: self._publish(staging, last_files()))
+      except OSError as e:
+        self._discard(staging)
+        raise ConversionError(f"{self.path}: writing the HF checkpoint failed: {e}") from e
+      except BaseException:
+        self._discard(staging)
+        raise
+      processes_lib.barrier("published", processes)
+
+  def _publish(self, staging: str, files: Mapping[str, str]) -> None:
+    for name, text in files.items():
+      storage.write_text(storage.join(staging, name), text)
+    self._destination.publish(staging, unsynced=tuple(files))
+
+  def _discard(self, staging: str) -> None:
+    if self._run.processes.is_primary:
+      storage.remove_tree(staging)

@@ -1,0 +1,40 @@
+"""Where Orbax puts a checkpoint's pieces: the one place that knows their names.
+
+A save of step 0 into OUTPUT_DIR writes OUTPUT_DIR/0/{items, _CHECKPOINT_METADATA}. How a step is committed
+depends on the kind of storage (a rename on a local disk, a commit file in a bucket: converter/output/local.py and
+bucket.py). Arrays live in each writing process's OCDBT database, items/ocdbt.process_N, until Orbax merges them
+on commit.
+"""
+
+from __future__ import annotations
+
+from converter import storage
+
+STEP = 0
+ITEMS = "items"
+METADATA = "_CHECKPOINT_METADATA"
+COMMIT_MARKER = "commit_success.txt"
+TMP_SUFFIX = ".orbax-checkpoint-tmp"  # Local disks: the step before its rename.
+
+
+def step_path(output_dir: str) -> str:
+  return storage.join(output_dir, str(STEP))
+
+
+def items_path(output_dir: str) -> str:
+  return storage.join(step_path(output_dir), ITEMS)
+
+
+def metadata_path(items: str) -> str:
+  """The step's _CHECKPOINT_METADATA, beside its items."""
+  return storage.join(storage.parent(items), METADATA)
+
+
+def process_database(items: str, process: int = 0) -> str:
+  """Where process `process` wrote its arrays before the commit merged them."""
+  return storage.join(items, f"ocdbt.process_{process}")
+
+
+def kvstore_base(path: str) -> str:
+  """A tensorstore kvstore URL for `path` (file:// for local paths, gs:// and s3:// as they are)."""
+  return path if storage.is_remote(path) else f"file://{path}"

@@ -1,0 +1,76 @@
+"""Writes a plan as step 0 of an Orbax checkpoint through the v1 API, with errors that name the leaf.
+
+What happens around the save (the output prepared, the journal, cleaning up or parking on failure, the commit's
+barriers) is the output's (converter/output/maxtext.py); this module only saves.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Mapping
+
+import orbax.checkpoint as ocp
+from absl import logging
+
+from converter import storage
+from converter.errors import ConversionError
+from converter.lazy_leaves import lazy_tree
+from converter.options import SaveOptions
+from converter.output import layout
+from converter.output.destination import Destination
+from converter.plan import Plan
+from handlers import (
+    ITEMS,
+    BlockWritten,
+    LazyTensorLoadError,
+    LazyTensorWriteError,
+    Processes,
+    SaveCancelled,
+    WriteOptions,
+    add_tensorstore_resources,
+    brief_error,
+    lazy_tensor_context,
+    unhandled_leaves,
+)
+
+
+def save(
+    plan: Plan,
+    destination: Destination,
+    options: SaveOptions,
+    *,
+    custom_metadata: Mapping[str, Any],
+    on_block_written: Callable[[BlockWritten], None] | None = None,
+    cancel: threading.Event | None = None,
+    processes: Processes = Processes(),
+) -> str:
+  """Saves `plan` as step 0 of the destination; returns the items path MaxText loads. Raises ConversionError
+  naming the output (and the leaf, where one failed); what a failed save leaves is the caller's to clean up."""
+  output_dir = destination.path
+  try:
+    tree = lazy_tree(plan, lazy=options.lazy, devices=options.devices, processes=processes)
+    unhandled = unhandled_leaves(tree)
+    if unhandled:
+      raise ConversionError(f"{output_dir}: no Orbax leaf handler for: {'; '.join(unhandled[:5])}")
+    add_tensorstore_resources(storage.tensorstore_resources())
+    write_options = WriteOptions(max_inflight_bytes=options.max_inflight_bytes, on_block_written=on_block_written,
+                                 cancel=cancel, processes=processes, compression=options.compression)
+    checkpointer = ocp.v1.training.Checkpointer(storage.epath_of(output_dir),
+                                                context=lazy_tensor_context(write_options))
+    try:
+      with destination.writing():
+        checkpointer.save_checkpointables(layout.STEP, {ITEMS: tree}, custom_metadata=dict(custom_metadata))
+    finally:
+      checkpointer.close()
+  except (ConversionError, KeyboardInterrupt, SystemExit):
+    raise
+  except BaseException as e:
+    logging.vlog(1, "save failed", exc_info=True)
+    if isinstance(e, SaveCancelled) or (cancel is not None and cancel.is_set()):
+      raise ConversionError(f"{output_dir}: interrupted") from e
+    if isinstance(e, (LazyTensorLoadError, LazyTensorWriteError)):
+      raise ConversionError(f"{output_dir}: {e}") from e
+    raise ConversionError(
+        f"{output_dir}: writing the checkpoint failed ({brief_error(e)}) (run with -v=1 for the full traceback)"
+    ) from e
+  return layout.items_path(output_dir)

@@ -1,0 +1,80 @@
+"""The conversion record: what a conversion writes into the step's _CHECKPOINT_METADATA (Orbax's custom_metadata)
+and what the reverse direction, the validator and a resumed run read back from it: one writer, one reader.
+
+  {"scan_layers": bool, "hf2maxtext": {"family", "target_model", "hf_architecture", "save_dtype", "quant_method",
+   "fp8", "maxtext_overrides", "hf_config"}}
+
+`scan_layers` sits at the top level because MaxText's own trainer records it there too; a checkpoint MaxText wrote
+has it and no `hf2maxtext` entry.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from converter import storage
+from converter.errors import ConversionError
+from converter.output import layout
+
+KEY = "hf2maxtext"
+
+
+@dataclasses.dataclass(frozen=True)
+class ConversionRecord:
+  """Every field is None (or empty) when the checkpoint does not record it (MaxText's own, an older converter's)."""
+
+  scan_layers: bool | None = None
+  family: str | None = None
+  target_model: str | None = None
+  hf_architecture: str | None = None
+  save_dtype: str | None = None
+  quant_method: str | None = None  # How the source stored its weights (None: plain floats).
+  fp8: dict[str, Any] | None = None  # --keep_fp8: the FP8 kernels were kept beside their scales.
+  maxtext_overrides: dict[str, Any] | None = None
+  hf_config: Any = None  # The original config.json, verbatim: --direction=to_huggingface writes it back.
+
+  @classmethod
+  def of_plan(cls, plan: Any, overrides: dict[str, Any]) -> ConversionRecord:
+    """The record of a conversion of `plan` (converter/plan.py) with MaxText `overrides`."""
+    return cls(
+        scan_layers=plan.scan_layers,
+        family=plan.family.name,
+        target_model=plan.target_model,
+        hf_architecture=plan.config.architecture,
+        save_dtype=plan.save_dtype.name,
+        quant_method=plan.source.quant_method,
+        fp8=dataclasses.asdict(plan.fp8) if plan.fp8 else None,
+        maxtext_overrides=overrides,
+        hf_config=json.loads(storage.read_text(plan.config.path)),
+    )
+
+  def custom_metadata(self) -> dict[str, Any]:
+    """What Orbax writes as the step's custom_metadata."""
+    entry = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "scan_layers"}
+    return {"scan_layers": self.scan_layers, KEY: entry}
+
+  @classmethod
+  def read(cls, items_path: str) -> ConversionRecord:
+    """The record of the checkpoint at `items_path` (OUT/0/items); empty fields where it records nothing."""
+    custom = _custom_metadata(items_path)
+    entry = custom.get(KEY)
+    entry = entry if isinstance(entry, dict) else {}
+    known = {f.name for f in dataclasses.fields(cls)} - {"scan_layers"}
+    scan_layers = custom.get("scan_layers")
+    return cls(scan_layers=None if scan_layers is None else bool(scan_layers),
+               **{k: v for k, v in entry.items() if k in known})
+
+
+def _custom_metadata(items_path: str) -> dict[str, Any]:
+  """custom_metadata of the step's _CHECKPOINT_METADATA ({} when the file or the entry is absent)."""
+  path = layout.metadata_path(items_path)
+  if not storage.exists(path):
+    return {}
+  try:
+    metadata = json.loads(storage.read_text(path))
+  except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise ConversionError(f"{path}: unreadable checkpoint metadata ({type(e).__name__}: {e})") from e
+  custom = metadata.get("custom_metadata") if isinstance(metadata, dict) else None
+  return custom if isinstance(custom, dict) else {}
