@@ -14,19 +14,28 @@ For a quantized input it also times, in the same run, the route MaxText offers: 
 dequantized bfloat16 copy (tools/dequantize_checkpoint.py), then the conversion of that copy, which is also the
 bfloat16 baseline for peak memory. Where MaxText has a native fp8 model of the family (qwen3_5_fp8), it also
 times `--keep_fp8`, against its own floor: the output is then about as large as the input.
+
+Each completed run also adds a section to a Markdown results page (`--results_page`, by default
+docs/benchmark-results.md in the repository), headed by its date, the machine and the exact command, with the
+tables it printed: measured figures are recorded by the tool that measured them, never pasted by hand.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
 import json
 import os
+import platform
 import resource
+import shlex
 import shutil
 import statistics
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 
 import numpy as np
 import psutil
@@ -58,12 +67,120 @@ flags.DEFINE_list("processes", [], "Also convert with several processes (one dev
 flags.DEFINE_string("bucket", None, "Also convert from and to a bucket: `emulator` (fake-gcs-server on 127.0.0.1,"
                     " objects on the work_dir's disk; it handles multi-GB uploads slowly: use --shard_mb=40) or gs://BUCKET/PREFIX (a real one, or the one"
                     " STORAGE_EMULATOR_HOST points at); the input is uploaded there once.")
+flags.DEFINE_string("results_page", "docs/benchmark-results.md", "Markdown page the run's tables are added to, newest"
+                    " run first (created when absent); a relative path is taken from the repository root. Empty:"
+                    " write no page.")
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # What every built binary runs under (the .venv's Python, started with the launcher's environment), so that the
 # children measured are the converter as shipped; sys.executable where the launcher is not at hand.
 _LAUNCHER = os.path.join(_REPO, "tools", "python3")
 _PYTHON = _LAUNCHER if os.access(_LAUNCHER, os.X_OK) else sys.executable
+
+# The results page: its title and the line new runs are inserted below, so that the newest run comes first and the
+# page's own introduction stays at the top.
+RESULTS_PAGE_TITLE = "# Benchmark results"
+RESULTS_PAGE_MARKER = "<!-- tools/benchmark.py adds each run below this line, newest first. -->"
+
+
+@dataclasses.dataclass(frozen=True)
+class ResultTable:
+  """One table a run prints, kept as data: the terminal and the results page are rendered from the same rows and
+  columns, so the page cannot drift from what the run measured.
+
+  `caption` is the text printed above the table (the floors its ratios are taken against); every row has one cell
+  per column.
+  """
+
+  caption: str
+  columns: tuple[str, ...]
+  rows: tuple[tuple[str, ...], ...]
+
+
+def markdown_table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+  """`columns` and `rows` as a Markdown table (no trailing newline). A `|` inside a cell is escaped, so that a cell
+  can never split into two columns."""
+  escape = lambda cell: str(cell).replace("|", "\\|")
+  for row in rows:
+    if len(row) != len(columns):
+      raise ValueError(f"a row of {len(row)} cells in a table of {len(columns)} columns: {row}")
+  lines = ["| " + " | ".join(escape(c) for c in columns) + " |", "|" + "---|" * len(columns)]
+  lines += ["| " + " | ".join(escape(c) for c in row) + " |" for row in rows]
+  return "\n".join(lines)
+
+
+def print_table(table: ResultTable) -> None:
+  if table.caption:
+    print(f"\n{table.caption}")
+  print(markdown_table(table.columns, table.rows), flush=True)
+
+
+def render_run_section(tables: Sequence[ResultTable], started: datetime.datetime, machine: str, command: str,
+                       notes: Sequence[str] = ()) -> str:
+  """One run's section of the results page: a heading with the run's start time (UTC), the machine and the exact
+  command (what a reader needs to reproduce or compare a figure), `notes`, then every table with its caption."""
+  stamp = started.astimezone(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+  parts = [f"## {stamp}", "", f"- machine: {machine}", f"- command: `{command}`"]
+  parts += [f"- {note}" for note in notes]
+  for table in tables:
+    parts.append("")
+    if table.caption:
+      parts += [table.caption, ""]
+    parts.append(markdown_table(table.columns, table.rows))
+  return "\n".join(parts) + "\n"
+
+
+def add_run_to_results_page(page: str | None, section: str) -> str:
+  """The results page with `section` added as its newest run: below the page's marker line, above every earlier
+  run. A missing page (None or empty) is started with its title; a page without the marker (edited by hand) keeps
+  its text below the new title, marker and section."""
+  if page and RESULTS_PAGE_MARKER in page:
+    head, earlier = page.split(RESULTS_PAGE_MARKER, 1)
+  else:
+    head = (f"{RESULTS_PAGE_TITLE}\n\nWritten by `tools/benchmark.py` at the end of every run; what the columns mean"
+            " and how to run it: [benchmarks.md](benchmarks.md). Compare ratios within one run, not walls across"
+            " runs or machines.\n\n")
+    earlier = page or ""
+  earlier = earlier.strip("\n")
+  return f"{head}{RESULTS_PAGE_MARKER}\n\n{section.rstrip(chr(10))}\n" + (f"\n{earlier}\n" if earlier else "")
+
+
+def machine_description() -> str:
+  """Cores, memory, CPU model and kernel: what the walls of a run depend on besides the code."""
+  model = ""
+  try:
+    with open("/proc/cpuinfo") as f:
+      model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+  except OSError:
+    pass
+  memory = psutil.virtual_memory().total / 2**30
+  return (f"{os.cpu_count()} cores{f' ({model})' if model else ''}, {memory:.1f} GiB memory,"
+          f" {platform.system()} {platform.release()} {platform.machine()}")
+
+
+def command_line(argv: Sequence[str]) -> str:
+  """The command that started this run, as a user would type it again (`bazel run` hides its own arguments behind
+  the runfiles path of argv[0])."""
+  if os.environ.get("BUILD_WORKSPACE_DIRECTORY"):
+    return " ".join(["bazel run //tools:benchmark --", shlex.join(argv[1:])]).strip()
+  program = os.path.relpath(os.path.abspath(argv[0]), _REPO) if argv else "tools/benchmark.py"
+  return f"python {shlex.join([program, *argv[1:]])}"
+
+
+def write_results_page(path: str, section: str) -> str:
+  """Adds `section` to the page at `path` (relative: from the repository root, or the workspace `bazel run`
+  started in); returns the path written."""
+  if not os.path.isabs(path):
+    path = os.path.join(os.environ.get("BUILD_WORKSPACE_DIRECTORY") or _REPO, path)
+  page = None
+  if os.path.exists(path):
+    with open(path) as f:
+      page = f.read()
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with open(path + ".tmp", "w") as f:
+    f.write(add_run_to_results_page(page, section))
+  os.replace(path + ".tmp", path)
+  return path
 
 
 def _tree_rss(process: psutil.Process) -> int:
@@ -386,7 +503,7 @@ def run_codec_processes(input_dir: str, nbytes: int, count: int, cores: list[int
   return wall, [], cpu
 
 
-def _scaling_runs(input_dir: str, input_bytes: int, env: dict[str, str]) -> None:
+def _scaling_runs(input_dir: str, input_bytes: int, env: dict[str, str]) -> ResultTable:
   """The settings are run in turn, round after round (not each `--runs` times in a row): this machine's speed
   drifts by tens of percent over minutes, and a ratio of medians taken minutes apart measured the drift as much
   as the scaling (1.40x, 1.59x, 1.83x in three runs of one day). Each speed-up is also given as the median of
@@ -415,18 +532,22 @@ def _scaling_runs(input_dir: str, input_bytes: int, env: dict[str, str]) -> None
   shutil.rmtree(output_dir, ignore_errors=True)
   # CPU seconds say where a shortfall goes: more work per byte when processes share the machine (the same
   # conversion costing more CPU), or cores left idle (CPU below cores x wall).
-  print("| processes | wall (median) | throughput | CPU, all processes (median) | peak RSS per process |"
-        " speed-up (medians) | speed-up (median of per-round ratios) |")
-  print("|---|---|---|---|---|---|---|")
+  columns = ("processes", "wall (median)", "throughput", "CPU, all processes (median)", "peak RSS per process",
+             "speed-up (medians)", "speed-up (median of per-round ratios)")
+  rows = []
   for group in (settings, controls):
     pinned_one = walls[group[0][0]]
     for label, _, _, _ in group:
       wall = statistics.median(walls[label])
       paired = statistics.median(one / this for one, this in zip(pinned_one, walls[label]))
       peak = statistics.median(peaks[label])
-      print(f"| {label} | {wall:.1f} s | {input_bytes / wall / 1e6:.0f} MB/s | {statistics.median(cpus[label]):.1f} s"
-            f" | {f'{peak / 2**30:.2f} GiB' if peak else ''} | {statistics.median(pinned_one) / wall:.2f}x |"
-            f" {paired:.2f}x |")
+      rows.append((label, f"{wall:.1f} s", f"{input_bytes / wall / 1e6:.0f} MB/s",
+                   f"{statistics.median(cpus[label]):.1f} s", f"{peak / 2**30:.2f} GiB" if peak else "",
+                   f"{statistics.median(pinned_one) / wall:.2f}x", f"{paired:.2f}x"))
+  table = ResultTable(f"several processes (one device each, {FLAGS.runs} rounds of every setting in turn; the"
+                      " speed-ups against the pinned single process)", columns, tuple(rows))
+  print_table(table)
+  return table
 
 
 def bucket_floor(remote_dir: str, names: list[str], scratch: str) -> tuple[float, float]:
@@ -454,7 +575,7 @@ def bucket_floor(remote_dir: str, names: list[str], scratch: str) -> tuple[float
   return read, write
 
 
-def _bucket_runs(input_dir: str, env: dict[str, str], cgroup: MemoryCgroup | None) -> None:
+def _bucket_runs(input_dir: str, env: dict[str, str], cgroup: MemoryCgroup | None) -> ResultTable:
   """gs:// -> gs:// conversions of the same model, against the same kind of floor: the input uploaded to the
   bucket and downloaded back (write + read as many bytes)."""
   from converter import storage  # pylint: disable=g-import-not-at-top
@@ -484,9 +605,10 @@ def _bucket_runs(input_dir: str, env: dict[str, str], cgroup: MemoryCgroup | Non
     read, write = bucket_floor(remote_input, sorted(os.listdir(input_dir)), f"{prefix}/floor")
     floor = read + write
     where = "fake-gcs-server on 127.0.0.1" if emulator else prefix
-    print(f"\nbucket ({where}): input uploaded with gcsfs in {upload:.1f} s; I/O floor {floor:.1f} s (read the"
-          f" {input_bytes / 1e9:.2f} GB in 64 MiB ranges {read:.1f} s, write as many bytes as 64 MiB objects"
-          f" {write:.1f} s, tensorstore, 8 in flight)", flush=True)
+    caption = (f"bucket ({where}): input uploaded with gcsfs in {upload:.1f} s; I/O floor {floor:.1f} s (read the"
+               f" {input_bytes / 1e9:.2f} GB in 64 MiB ranges {read:.1f} s, write as many bytes as 64 MiB objects"
+               f" {write:.1f} s, tensorstore, 8 in flight)")
+    print(f"\n{caption}", flush=True)
     rows = []
     for devices in FLAGS.devices:
       walls, peaks = [], []
@@ -498,13 +620,14 @@ def _bucket_runs(input_dir: str, env: dict[str, str], cgroup: MemoryCgroup | Non
         walls.append(wall)
         peaks.append(peak)
       rows.append((devices, statistics.median(walls), statistics.median(peaks)))
-    print("| model | size | devices | scan | from / to | wall (median) | peak RSS | throughput | floor |"
-          " wall / floor |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for devices, wall, peak in rows:
-      print(f"| {FLAGS.family} | {input_bytes / 1e9:.1f} GB | {devices} | {'on' if FLAGS.scan_layers else 'off'} |"
-            f" gs:// -> gs:// ({'emulator' if emulator else 'bucket'}) | {wall:.1f} s | {peak / 2**30:.2f} GiB |"
-            f" {input_bytes / wall / 1e6:.0f} MB/s | {floor:.1f} s | {wall / floor:.2f} |")
+    columns = ("model", "size", "devices", "scan", "from / to", "wall (median)", "peak RSS", "throughput", "floor",
+               "wall / floor")
+    table = ResultTable(caption, columns, tuple(
+        (FLAGS.family, f"{input_bytes / 1e9:.1f} GB", devices, "on" if FLAGS.scan_layers else "off",
+         f"gs:// -> gs:// ({'emulator' if emulator else 'bucket'})", f"{wall:.1f} s", f"{peak / 2**30:.2f} GiB",
+         f"{input_bytes / wall / 1e6:.0f} MB/s", f"{floor:.1f} s", f"{wall / floor:.2f}")
+        for devices, wall, peak in rows))
+    print(markdown_table(table.columns, table.rows), flush=True)
     for path in (remote_output, remote_input):
       if fs.exists(path):
         fs.rm(path, recursive=True)
@@ -512,6 +635,7 @@ def _bucket_runs(input_dir: str, env: dict[str, str], cgroup: MemoryCgroup | Non
     if emulator:
       emulator.stop()
       shutil.rmtree(emulator.root, ignore_errors=True)
+  return table
 
 
 def _reverse_command(items_path: str, output_dir: str) -> list[str]:
@@ -519,19 +643,26 @@ def _reverse_command(items_path: str, output_dir: str) -> list[str]:
           f"--checkpoint_path={items_path}", f"--output_dir={output_dir}", "--noprogress"]
 
 
+# The columns of the main table, one per cell of `_row` and `_route_rows`.
+CONVERSION_COLUMNS = ("conversion", "size", "devices", "scan", "wall (median)", "peak RSS", "output", "throughput",
+                      "I/O floor", "compression floor", "wall / max(floors)", "(wall - start-up) / max(floors)",
+                      "CPU-s: conversion / codec floor")
+
+
 def _row(label: str, devices: str, wall: float, peak: float, out_bytes: int | str, moved_bytes: int, io: float,
-         codec: float | None, start_up: float, note: str = "", cpu: tuple[float, float] | None = None) -> str:
-  size = f"{moved_bytes / 1e9:.1f} GB"
+         codec: float | None, start_up: float, note: str = "",
+         cpu: tuple[float, float] | None = None) -> tuple[str, ...]:
   out = f"{out_bytes / 1e9:.2f} GB" if isinstance(out_bytes, int) else out_bytes
   floor = max(io, codec or 0.0)
-  return (f"| {label} | {size} | {devices} | {'on' if FLAGS.scan_layers else 'off'} | {wall:.1f} s |"
-          f" {peak / 2**30:.2f} GiB | {out} | {moved_bytes / wall / 1e6:.0f} MB/s | {io:.1f} s |"
-          f" {'' if codec is None else f'{codec:.1f} s'} | {wall / floor:.2f}{note} |"
-          f" {(wall - start_up) / floor:.2f} | {'' if cpu is None else f'{cpu[0]:.1f} / {cpu[1]:.1f}'} |")
+  return (label, f"{moved_bytes / 1e9:.1f} GB", devices, "on" if FLAGS.scan_layers else "off", f"{wall:.1f} s",
+          f"{peak / 2**30:.2f} GiB", out, f"{moved_bytes / wall / 1e6:.0f} MB/s", f"{io:.1f} s",
+          "" if codec is None else f"{codec:.1f} s", f"{wall / floor:.2f}{note}", f"{(wall - start_up) / floor:.2f}",
+          "" if cpu is None else f"{cpu[0]:.1f} / {cpu[1]:.1f}")
 
 
 def main(argv: list[str]) -> None:
-  del argv
+  del argv  # The page records sys.argv: absl leaves it whole, and argv here lacks the flags.
+  started = datetime.datetime.now(datetime.timezone.utc)
   target = int(FLAGS.size_gb * 1e9)
   shards = "" if FLAGS.shard_mb == 4096 else f"-{FLAGS.shard_mb}mb-shards"
   input_dir = os.path.join(FLAGS.work_dir, f"{FLAGS.family}-{FLAGS.size_gb:g}gb{shards}")
@@ -608,52 +739,61 @@ def main(argv: list[str]) -> None:
   io = statistics.median(floors)
   encode, decode, encode_cpu, decode_cpu = (median(codec_floors, k) for k in range(4))
   start_up = start_up_seconds(3)
-  print(f"\ninput {input_bytes / 1e9:.2f} GB; I/O floor (read the input + write"
-        f" {output_floor_bytes / 1e9:.2f} GB, fsync) median {io:.1f} s; compression floor (the"
-        f" {'dequantized copy' if quantized else f'{output_floor_bytes / 1e9:.2f} GB'} through zstd level 3,"
-        f" Orbax's zarr3 codec, via tensorstore on every core)"
-        f" median {encode:.1f} s ({encode_cpu:.1f} CPU-s), decompression (reading them back into a file, synced)"
-        f" {decode:.1f} s ({decode_cpu:.1f} CPU-s); start-up"
-        f" (the bundled tiny checkpoint) {start_up:.2f} s")
+  caption = (f"input {input_bytes / 1e9:.2f} GB; I/O floor (read the input + write"
+             f" {output_floor_bytes / 1e9:.2f} GB, fsync) median {io:.1f} s; compression floor (the"
+             f" {'dequantized copy' if quantized else f'{output_floor_bytes / 1e9:.2f} GB'} through zstd level 3,"
+             f" Orbax's zarr3 codec, via tensorstore on every core)"
+             f" median {encode:.1f} s ({encode_cpu:.1f} CPU-s), decompression (reading them back into a file, synced)"
+             f" {decode:.1f} s ({decode_cpu:.1f} CPU-s); start-up"
+             f" (the bundled tiny checkpoint) {start_up:.2f} s")
   # The floors are the work alone; the last column takes the start-up out of the wall too: on a checkpoint of
   # a few GB it is a fifth of the floor, on one of a TB nothing. CPU seconds say which wall is bound by work
   # (CPU near cores x wall: only less work per byte helps) and which by waiting (cores left idle).
-  print("| conversion | size | devices | scan | wall (median) | peak RSS | output | throughput | I/O floor |"
-        " compression floor | wall / max(floors) | (wall - start-up) / max(floors) | CPU-s: conversion / codec floor |")
-  print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-  for devices, wall, peak, out_bytes, _, cpu in rows:
-    print(_row(f"{FLAGS.family} -> MaxText", devices, wall, peak, out_bytes, input_bytes, io, encode, start_up,
-               cpu=(cpu, encode_cpu)))
+  table_rows = [_row(f"{FLAGS.family} -> MaxText", devices, wall, peak, out_bytes, input_bytes, io, encode, start_up,
+                     cpu=(cpu, encode_cpu)) for devices, wall, peak, out_bytes, _, cpu in rows]
   if reverse_rows:
     reverse_io = statistics.median(reverse_floors)
-    for devices, wall, peak, back_bytes, cpu in reverse_rows:
-      print(_row("MaxText -> HuggingFace", devices, wall, peak, back_bytes, back_bytes, reverse_io, decode,
-                 start_up, cpu=(cpu, decode_cpu)))
+    table_rows += [_row("MaxText -> HuggingFace", devices, wall, peak, back_bytes, back_bytes, reverse_io, decode,
+                        start_up, cpu=(cpu, decode_cpu)) for devices, wall, peak, back_bytes, cpu in reverse_rows]
   if native_rows:
     native_floor = statistics.median(native_floors)
-    for devices, wall, peak, out_bytes in native_rows:
-      print(_row(f"{FLAGS.family} -> MaxText, --keep_fp8 (native fp8 output)", devices, wall, peak, out_bytes,
-                 input_bytes, native_floor, None, start_up, " (I/O)"))
-  _print_route_rows(rows, input_bytes, io, encode)
+    table_rows += [_row(f"{FLAGS.family} -> MaxText, --keep_fp8 (native fp8 output)", devices, wall, peak, out_bytes,
+                        input_bytes, native_floor, None, start_up, " (I/O)")
+                   for devices, wall, peak, out_bytes in native_rows]
+  table_rows += _route_rows(rows, input_bytes, io, encode)
+  tables = [ResultTable(caption, CONVERSION_COLUMNS, tuple(table_rows))]
+  print_table(tables[0])
   if FLAGS.processes:
-    _scaling_runs(input_dir, input_bytes, env)
+    tables.append(_scaling_runs(input_dir, input_bytes, env))
   if FLAGS.bucket:
-    _bucket_runs(input_dir, env, cgroup)
+    tables.append(_bucket_runs(input_dir, env, cgroup))
+  notes = []
   if cgroup:
     cgroup.remove()
-    print(f"\nevery conversion ran in a memory cgroup limited to {FLAGS.memory_limit_gib:g} GiB")
+    notes.append(f"every conversion ran in a memory cgroup limited to {FLAGS.memory_limit_gib:g} GiB")
+    print(f"\n{notes[-1]}")
+  if FLAGS.results_page:
+    section = render_run_section(tables, started, machine_description(), command_line(sys.argv), notes)
+    print(f"\nresults added to {write_results_page(FLAGS.results_page, section)}")
 
 
-def _print_route_rows(rows: list, input_bytes: int, io: float, zstd: float) -> None:
+def _route_rows(rows: list, input_bytes: int, io: float, zstd: float) -> list[tuple[str, ...]]:
+  """The rows of MaxText's own route for a quantized input (a dequantize pass, then the conversion of its copy),
+  in the main table's columns."""
   floor = max(io, zstd)
+  table_rows = []
   for devices, wall, _, _, route, _ in rows:
     if route:
       pass_wall, pass_peak, copy_wall, copy_peak = route
-      print(f"| {FLAGS.family} -> MaxText, dequantize-then-convert (MaxText's route) | {input_bytes / 1e9:.1f} GB |"
-            f" {devices} | {'on' if FLAGS.scan_layers else 'off'} | {pass_wall + copy_wall:.1f} s ({pass_wall:.1f} s"
-            f" pass + {copy_wall:.1f} s conversion) | {max(pass_peak, copy_peak) / 2**30:.2f} GiB (bf16 conversion"
-            f" {copy_peak / 2**30:.2f} GiB) | | | {io:.1f} s | {zstd:.1f} s | {(pass_wall + copy_wall) / floor:.2f}"
-            f" ({(pass_wall + copy_wall) / wall:.2f}x the direct conversion) | | |")
+      table_rows.append((
+          f"{FLAGS.family} -> MaxText, dequantize-then-convert (MaxText's route)", f"{input_bytes / 1e9:.1f} GB",
+          devices, "on" if FLAGS.scan_layers else "off",
+          f"{pass_wall + copy_wall:.1f} s ({pass_wall:.1f} s pass + {copy_wall:.1f} s conversion)",
+          f"{max(pass_peak, copy_peak) / 2**30:.2f} GiB (bf16 conversion {copy_peak / 2**30:.2f} GiB)", "", "",
+          f"{io:.1f} s", f"{zstd:.1f} s",
+          f"{(pass_wall + copy_wall) / floor:.2f} ({(pass_wall + copy_wall) / wall:.2f}x the direct conversion)", "",
+          ""))
+  return table_rows
 
 
 if __name__ == "__main__":
