@@ -35,3 +35,8 @@ def add_to_default_ts_contexts(resources: dict) -> None:
   (`tensorstore_utils.get_ts_context` offers no parameter for them)."""
   _ts_utils._BASE_TS_CONTEXT.update(resources)  # pylint: disable=protected-access
   _ts_utils._DEFAULT_OCDBT_TS_CONTEXT.update(resources)  # pylint: disable=protected-access
+
+
+def leaf_handler_registry_of(pytree_handler) -> "StandardLeafHandlerRegistry":
+  """The leaf registry an `ocp.v1.handlers.PyTreeHandler` saves and loads with (no public accessor in 0.12.8)."""
+  return pytree_handler._leaf_handler_registry  # pylint: disable=protected-access

@@ -26,8 +26,13 @@ def build_lazy_tensor_checkpointables_registry(
 
 
 def lazy_tensor_context(options: WriteOptions = WriteOptions()) -> Any:
-  """An `ocp.v1.Context` whose checkpointables registry knows `LazyTensor` under "items"."""
-  saving = ocp.v1.options.ArrayOptions.Saving(use_compression=options.compression)
-  context = ocp.v1.Context(array_options=ocp.v1.options.ArrayOptions(saving=saving))
+  """An `ocp.v1.Context` whose checkpointables registry knows `LazyTensor` under "items".
+
+  Options are set on the context's own option objects (Orbax's dot-notation configuration): passing option
+  objects to `Context(...)` is deprecated since orbax-checkpoint 0.12.8 and logs a warning on every run. They
+  must be set before the context is entered (`with context:` freezes them).
+  """
+  context = ocp.v1.Context()
+  context.array.saving.use_compression = options.compression
   context.checkpointables.registry = build_lazy_tensor_checkpointables_registry(options=options)
   return context

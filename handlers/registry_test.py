@@ -11,7 +11,9 @@ jax.config.update("jax_platforms", "cpu")
 
 import ml_dtypes  # pylint: disable=g-import-not-at-top,g-bad-import-order
 import numpy as np
+from etils import epath
 import orbax.checkpoint as ocp
+import tensorstore as ts
 from absl.testing import absltest
 
 from handlers import (  # pylint: disable=g-import-not-at-top
@@ -84,7 +86,9 @@ class RegistryTest(absltest.TestCase):
     leaf_registry = _orbax_private.StandardLeafHandlerRegistry()
     handler_class = build_lazy_tensor_checkpointables_registry().get(ITEMS)
     handler = handler_class(leaf_handler_registry=leaf_registry)
-    self.assertIs(handler.leaf_handler_registry, leaf_registry)
+    self.assertIs(_orbax_private.leaf_handler_registry_of(handler), leaf_registry)
+    # Orbax's own class, so that the checkpoint records its typestr (stock_restore_test.py says why).
+    self.assertIs(type(handler), ocp.v1.handlers.PyTreeHandler)
     self.assertTrue(leaf_registry.is_handleable(LazyTensor))
     self.assertTrue(handler.is_handleable(_tree()))
     self.assertEqual(leaf_registry.get_secondary_typestrs(leaf_registry.get(LazyTensor)), ["np.ndarray"])
@@ -93,6 +97,34 @@ class RegistryTest(absltest.TestCase):
     # Plain arrays still have their own handlers beside ours.
     self.assertTrue(leaf_registry.is_handleable(np.ndarray))
     self.assertTrue(leaf_registry.is_handleable(jax.Array))
+
+  def test_context_carries_write_options_without_deprecated_constructor_arguments(self):
+    # orbax-checkpoint 0.12.8 logs a deprecation warning when option objects are passed to Context(...).
+    with self.assertNoLogs("absl", level="WARNING"):
+      compressed = lazy_tensor_context(WriteOptions())
+      uncompressed = lazy_tensor_context(WriteOptions(compression=False))
+    self.assertTrue(compressed.array.saving.use_compression)
+    self.assertFalse(uncompressed.array.saving.use_compression)
+    for context in (compressed, uncompressed):
+      self.assertTrue(context.checkpointables.registry.has(ITEMS))
+
+  def test_compression_option_reaches_the_stored_arrays(self):
+    for compression in (True, False):
+      out = _tmpdir()
+      context = lazy_tensor_context(WriteOptions(compression=compression))
+      checkpointer = ocp.v1.training.Checkpointer(out, context=context)
+      checkpointer.save_checkpointables(0, {ITEMS: _tree()})
+      checkpointer.close()
+      v0 = ocp.PyTreeCheckpointer().restore(os.path.join(out, "0", ITEMS))["params"]["params"]
+      for name, expected in self._expected().items():
+        self.assertEqual(v0[name].tobytes(), expected.tobytes(), name)
+      # The array's zarr v3 codecs (not the OCDBT store's own, which are always zstd).
+      context = ts.Context({"cache_pool#ocdbt": {}})
+      info = ocp.type_handlers.ParamInfo(name="params.params.a", parent_dir=epath.Path(out) / "0" / ITEMS,
+                                         is_ocdbt_checkpoint=True, use_zarr3=True, ts_context=context)
+      spec = ts.open(ocp.type_handlers.get_json_tspec_read(info, use_ocdbt=True), open=True, context=context)
+      codecs = json.dumps(spec.result().spec().to_json()["metadata"]["codecs"])
+      self.assertEqual("zstd" in codecs, compression, codecs)
 
   def test_v0_registration_saves_lazy_tensors(self):
     out = os.path.join(_tmpdir(), "v0")

@@ -1,4 +1,4 @@
-"""A PyTree checkpointable handler that accepts `LazyTensor` leaves."""
+"""The PyTree checkpointable handler for trees with `LazyTensor` leaves: Orbax's own, with our leaf handlers."""
 
 from __future__ import annotations
 
@@ -12,38 +12,25 @@ from handlers.write_options import WriteOptions
 
 
 class LazyTensorPyTreeHandler:
-  """`ocp.v1.handlers.PyTreeHandler` with `LazyTensor` added to its leaf registry.
+  """Builds a stock `ocp.v1.handlers.PyTreeHandler` whose leaf registry also knows `LazyTensor`.
 
-  A wrapper rather than a subclass: `PyTreeHandler` is `@typing.final`, and the checkpointables registry
-  instantiates handler classes with no arguments, so the leaf registry has to be built in `__init__`.
+  The checkpointables registry takes handler classes and instantiates them with no arguments, so the leaf
+  registry has to be built at construction; this class is that construction, and what it returns is a plain
+  `PyTreeHandler`, not an instance of this class. That is deliberate: a save records
+  `module.qualname` of the handler instance's class in the step's `_CHECKPOINT_METADATA` (`item_handlers`),
+  and every v1 load (MaxText's included) resolves its handler from that typestr. Our leaves are stored as plain
+  "np.ndarray" / "jax.Array" arrays, so Orbax's own handler restores them; recording a class of ours instead
+  made each load without this package log "No handler found for typestr ..." and "Failed to resolve handler
+  ...". Checkpoints written before this recorded "handlers.tree_handler.LazyTensorPyTreeHandler", which is still
+  this class's typestr, so our own registry resolves those without a warning too.
   """
 
   write_options: WriteOptions = WriteOptions()
 
-  def __init__(self, *, context: Any = None, leaf_handler_registry: Any = None):
+  def __new__(cls, *, context: Any = None, leaf_handler_registry: Any = None) -> Any:
     leaf_registry = leaf_handler_registry or _orbax_private.StandardLeafHandlerRegistry()
-    add_lazy_tensor_leaf_handler(leaf_registry, self.write_options)
-    self._leaf_registry = leaf_registry
-    self._delegate = ocp.v1.handlers.PyTreeHandler(context=context, leaf_handler_registry=leaf_registry)
-
-  @property
-  def leaf_handler_registry(self) -> Any:
-    return self._leaf_registry
-
-  async def save(self, directory: Any, checkpointable: Any) -> Any:
-    return await self._delegate.save(directory, checkpointable)
-
-  async def load(self, directory: Any, abstract_checkpointable: Any = None) -> Any:
-    return await self._delegate.load(directory, abstract_checkpointable)
-
-  async def metadata(self, directory: Any) -> Any:
-    return await self._delegate.metadata(directory)
-
-  def is_handleable(self, checkpointable: Any) -> bool:
-    return self._delegate.is_handleable(checkpointable)
-
-  def is_abstract_handleable(self, abstract_checkpointable: Any) -> bool:
-    return self._delegate.is_abstract_handleable(abstract_checkpointable)
+    add_lazy_tensor_leaf_handler(leaf_registry, cls.write_options)
+    return ocp.v1.handlers.PyTreeHandler(context=context, leaf_handler_registry=leaf_registry)
 
 
 def unhandled_leaves(tree: Any, leaf_registry: Any = None) -> list[str]:

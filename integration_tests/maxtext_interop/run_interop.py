@@ -9,7 +9,8 @@ scan on and off:
      OUT/0/_CHECKPOINT_METADATA (custom_metadata.hf2maxtext.maxtext_overrides) -- the harness adds only run-time
      settings (cpu, float32, dot_product attention, batch and sequence length), refuses any difference from the
      tree MaxText's NNX loader restores (non-Param weights such as DeepSeek V3's MoEBiasVar gate bias included),
-     loads with MaxText's `from_pretrained` and calls the NNX model it returns;
+     loads with MaxText's `from_pretrained` and calls the NNX model it returns; its log must hold no Orbax
+     warning about the checkpoint's handler (`handler_warnings`);
   4. compare: max|diff| <= --atol (1e-3) and argmax agreement 100%.
 Prints one row per case and finally exactly one line `N passed, N failed`; exits 1 on any failure.
 
@@ -23,6 +24,7 @@ import concurrent.futures
 import dataclasses
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -130,6 +132,24 @@ def recorded_overrides(out_dir: str) -> tuple[dict, str]:
   return info["maxtext_overrides"], info.get("target_model", "")
 
 
+# A warning line as Python's logging (absl not initialised: "WARNING:absl:...") or absl ("W1203 12:00:00.0 ...")
+# writes it.
+_WARNING_LINE = re.compile(r"^(WARNING:|W\d{4} )")
+_ABOUT_HANDLERS = re.compile(r"handler|typestr", re.IGNORECASE)
+
+
+def handler_warnings(log_text: str) -> list[str]:
+  """Lines of a MaxText log that warn about the checkpoint's handler, or name one of our classes at all.
+
+  Orbax resolves a checkpointable's handler from the typestr the save recorded (`item_handlers` in
+  OUT/0/_CHECKPOINT_METADATA); a typestr naming our own handler, which a training job cannot import, made
+  MaxText 0.2.5 log "No handler found for typestr ..." and "Failed to resolve handler ..." on every load. A
+  checkpoint we write must load as silently as one Orbax wrote itself.
+  """
+  return [line for line in log_text.splitlines()
+          if (_WARNING_LINE.match(line) and _ABOUT_HANDLERS.search(line)) or "LazyTensor" in line]
+
+
 def run_case(case: Case) -> Case:
   from tools import tiny_models, validate_lib  # pylint: disable=g-import-not-at-top
 
@@ -160,6 +180,11 @@ def run_case(case: Case) -> Case:
     if rc != 0:
       why = {3: "parameter tree differs from MaxText's", 124: "timed out"}.get(rc, f"maxtext_logits.py exited {rc}")
       case.error = f"{why}:\n{_tail(log, 40 if rc == 3 else 15)}"
+      return case
+    with open(log, encoding="utf-8", errors="replace") as f:
+      leaks = handler_warnings(f.read())
+    if leaks:
+      case.error = "MaxText's load logged Orbax handler warnings:\n" + "\n".join(line[:300] for line in leaks)
       return case
     logits = np.load(logits_path)
     if logits.shape[:-1] != case.reference.shape[:-1] or logits.shape[-1] < case.reference.shape[-1]:
