@@ -1,57 +1,23 @@
 """The MaxText output's life: an existing step refused or replaced, a failed save leaving nothing loadable (eager:
 nothing at all; lazy: parked for --resume), a resumed run finishing byte for byte as an uninterrupted one."""
 
-from __future__ import annotations
-
 import dataclasses
 import os
 import tempfile
-from typing import Callable
 
-import numpy as np
 from absl.testing import absltest
 
 from converter import conversion
 from converter.errors import ConversionError
-from converter.loader import Loader
 from converter.options import PlanOptions, RunContext, SaveOptions
 from converter.output import resume
 from converter.output.maxtext import MaxTextOutput
 from converter.output.record import ConversionRecord
-from converter.plan import Plan
 from tools import checkpoint_io
+from tools.failing_loader import failing
 
 MODEL = "testdata/tiny-qwen3"
 SAVE = SaveOptions(devices=1, max_inflight_bytes=1 << 20)
-
-
-@dataclasses.dataclass(frozen=True)
-class Failing:
-  """A loader that fails whenever it is read (a source going bad mid-conversion)."""
-
-  inner: Loader
-
-  shape = property(lambda self: self.inner.shape)
-  dtype = property(lambda self: self.inner.dtype)
-  block_shape = property(lambda self: self.inner.block_shape)
-
-  def __call__(self) -> np.ndarray:
-    raise OSError("disk went away")
-
-  def region(self, index: tuple[slice, ...]) -> np.ndarray:
-    raise OSError("disk went away")
-
-  def source_tensors(self):
-    return self.inner.source_tensors()
-
-  def map_reads(self, read: Callable[[Loader], Loader]) -> Loader:
-    return Failing(self.inner.map_reads(read))
-
-
-def _failing_last_leaf(plan: Plan) -> Plan:
-  """The same plan (same fingerprint) whose last leaf cannot be read."""
-  *head, last = plan.leaves
-  return dataclasses.replace(plan, leaves=(*head, dataclasses.replace(last, loader=Failing(last.loader))))
 
 
 class MaxTextOutputTest(absltest.TestCase):
@@ -79,14 +45,14 @@ class MaxTextOutputTest(absltest.TestCase):
   def test_a_failed_eager_save_leaves_nothing(self):
     out = self._out()
     with self.assertRaisesRegex(ConversionError, "nothing was committed$"):
-      MaxTextOutput(out, RunContext()).write(_failing_last_leaf(self.plan), dataclasses.replace(SAVE, lazy=False),
+      MaxTextOutput(out, RunContext()).write(failing(self.plan, -1), dataclasses.replace(SAVE, lazy=False),
                                              self.record)
     self.assertEqual(os.listdir(out), [])
 
   def test_a_failed_lazy_save_is_parked_and_a_resumed_one_matches_an_uninterrupted_one(self):
     out = self._out()
     with self.assertRaisesRegex(ConversionError, "what was written is kept: rerun with --resume"):
-      MaxTextOutput(out, RunContext()).write(_failing_last_leaf(self.plan), SAVE, self.record)
+      MaxTextOutput(out, RunContext()).write(failing(self.plan, -1), SAVE, self.record)
     self.assertEqual(os.listdir(out), [resume.RESUME_DIR])
     parked = sorted(os.listdir(os.path.join(out, resume.RESUME_DIR)))
     self.assertIn("fingerprint.json", parked)
@@ -102,7 +68,7 @@ class MaxTextOutputTest(absltest.TestCase):
   def test_resuming_after_the_inputs_changed_is_refused(self):
     out = self._out()
     with self.assertRaises(ConversionError):
-      MaxTextOutput(out, RunContext()).write(_failing_last_leaf(self.plan), SAVE, self.record)
+      MaxTextOutput(out, RunContext()).write(failing(self.plan, -1), SAVE, self.record)
     other = conversion.plan_conversion(MODEL, PlanOptions(save_dtype="float32"))
     with self.assertRaisesRegex(ConversionError, "cannot resume: the inputs or the plan changed"):
       MaxTextOutput(out, RunContext(resume=True)).write(other, SAVE, ConversionRecord.of_plan(other, {}))

@@ -1,0 +1,62 @@
+"""A plan's leaves as lazy tensors: one device or a sharded mesh, lazy or materialised, the same values."""
+
+import jax
+
+jax.config.update("jax_num_cpu_devices", 4)
+
+import numpy as np  # pylint: disable=g-import-not-at-top,g-bad-import-order
+from absl.testing import absltest  # pylint: disable=g-import-not-at-top
+
+from converter import conversion, lazy_leaves  # pylint: disable=g-import-not-at-top
+from converter.errors import ConversionError  # pylint: disable=g-import-not-at-top
+from converter.options import PlanOptions  # pylint: disable=g-import-not-at-top
+from handlers import LazyTensor, Processes, ShardedLazyTensor  # pylint: disable=g-import-not-at-top
+
+
+class LazyLeavesTest(absltest.TestCase):
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.plan = conversion.plan_conversion("testdata/tiny-qwen3", PlanOptions(save_dtype="float32"))
+
+  def _leaves(self, tree):
+    """The tree's values in the plan's order of leaves."""
+    values = []
+    for leaf in self.plan.leaves:
+      node = tree["params"]["params"]
+      for key in leaf.path:
+        node = node[key]
+      values.append(node)
+    return values
+
+  def test_one_device_lazy_and_eager_hold_the_same_values(self):
+    lazy = self._leaves(lazy_leaves.lazy_tree(self.plan, lazy=True, devices=1, processes=Processes()))
+    eager = self._leaves(lazy_leaves.lazy_tree(self.plan, lazy=False, devices=1, processes=Processes()))
+    self.assertTrue(all(isinstance(v, LazyTensor) for v in lazy))
+    self.assertTrue(all(isinstance(v, np.ndarray) for v in eager))
+    for value, array in zip(lazy, eager):
+      np.testing.assert_array_equal(value.materialize(), array)
+
+  def test_a_mesh_shards_the_first_axis_the_devices_divide(self):
+    tree = lazy_leaves.lazy_tree(self.plan, lazy=True, devices=4, processes=Processes())
+    leaves = {leaf.name: value for leaf, value in zip(self.plan.leaves, self._leaves(tree))}
+    self.assertTrue(all(isinstance(v, ShardedLazyTensor) for v in leaves.values()))
+    embedding = leaves["token_embedder/embedding"]  # (257, 64): 257 is prime, 64 divides by 4.
+    self.assertEqual(tuple(embedding.sharding.spec), (None, "devices"))
+    eager = self._leaves(lazy_leaves.lazy_tree(self.plan, lazy=False, devices=4, processes=Processes()))
+    for value, array in zip(leaves.values(), eager):
+      self.assertEqual(array.sharding, value.sharding)
+      np.testing.assert_array_equal(value.materialize(), np.asarray(array))
+
+  def test_the_name_carries_the_sources(self):
+    leaf = self.plan.leaves[0]
+    self.assertEqual(lazy_leaves.lazy_tensor(leaf).name, f"{leaf.name} (from {leaf.sources[0]})")
+
+  def test_several_processes_write_lazily_only(self):
+    with self.assertRaisesRegex(ConversionError, "several processes write lazily only"):
+      lazy_leaves.lazy_tree(self.plan, lazy=False, devices=1, processes=Processes(index=0, count=2))
+
+
+if __name__ == "__main__":
+  absltest.main()

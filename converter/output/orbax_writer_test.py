@@ -1,0 +1,62 @@
+"""The Orbax save alone: the plan's values stored as they are computed, and failures reported naming the output
+and the leaf (with its sources) in one line."""
+
+import os
+import tempfile
+import threading
+
+import numpy as np
+from absl.testing import absltest
+
+from converter import conversion
+from converter.errors import ConversionError
+from converter.options import PlanOptions, SaveOptions
+from converter.output import orbax_writer
+from converter.output.destination import destination_for
+from tools import checkpoint_io
+from tools.failing_loader import failing
+
+
+class OrbaxWriterTest(absltest.TestCase):
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.plan = conversion.plan_conversion("testdata/tiny-qwen3", PlanOptions(save_dtype="float32"))
+
+  def _destination(self):
+    return destination_for(os.path.join(tempfile.mkdtemp(dir=absltest.get_default_test_tmpdir()), "out"))
+
+  def test_the_stored_values_are_the_loaders(self):
+    destination = self._destination()
+    items = orbax_writer.save(self.plan, destination, SaveOptions(devices=1), custom_metadata={"scan_layers": True})
+    self.assertEqual(items, os.path.join(destination.path, "0", "items"))
+    stored = checkpoint_io.restore_v0(items)["params"]["params"]
+    for leaf in self.plan.leaves:
+      node = stored
+      for key in leaf.path:
+        node = node[key]
+      np.testing.assert_array_equal(np.asarray(node), leaf.loader(), err_msg=leaf.name)
+
+  def test_a_leaf_that_fails_is_named_with_its_sources(self):
+    leaf = self.plan.leaves[2]
+    broken = failing(self.plan, 2)
+    destination = self._destination()
+    with self.assertRaises(ConversionError) as raised:
+      orbax_writer.save(broken, destination, SaveOptions(devices=1), custom_metadata={})
+    message = str(raised.exception)
+    self.assertTrue(message.startswith(f"{destination.path}: "), message)
+    self.assertIn(f"{leaf.name} (from {leaf.sources[0]})", message)
+    self.assertIn("OSError: disk went away", message)
+
+  def test_a_cancelled_save_says_interrupted(self):
+    cancel = threading.Event()
+    cancel.set()
+    destination = self._destination()
+    with self.assertRaisesRegex(ConversionError, f"^{destination.path}: interrupted$"):
+      orbax_writer.save(self.plan, destination, SaveOptions(devices=1), custom_metadata={}, cancel=cancel)
+    self.assertFalse(destination.has_committed_step())
+
+
+if __name__ == "__main__":
+  absltest.main()
