@@ -6,8 +6,7 @@ import collections
 import math
 
 from converter.plan import Plan
-from handlers import LazyTensor
-from handlers.streaming import write_block_shape
+from converter.lazy_leaves import write_blocks
 
 # Measured (README, "Memory"): Orbax and tensorstore hold encoding buffers for the blocks in flight, so the
 # resident set grows by about this multiple of the byte budget on top of the process baseline.
@@ -25,10 +24,8 @@ def _human(n: float) -> str:
 
 def predicted_peak_bytes(plan: Plan, baseline_bytes: int, max_inflight_bytes: int) -> int:
   """Process baseline plus the in-flight blocks (at most the budget, at least the largest block) with overhead."""
-  largest_block = max(
-      math.prod(write_block_shape(LazyTensor(leaf.name, leaf.shape, leaf.dtype, leaf.loader))) * leaf.dtype.itemsize
-      for leaf in plan.leaves
-  )
+  _, block_shapes, _, _ = write_blocks(plan, max_inflight_bytes)
+  largest_block = max(math.prod(block) * leaf.dtype.itemsize for leaf, block in zip(plan.leaves, block_shapes))
   inflight = min(max(max_inflight_bytes, largest_block), plan.total_bytes)
   return int(baseline_bytes + INFLIGHT_OVERHEAD * inflight)
 

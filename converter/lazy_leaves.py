@@ -11,6 +11,7 @@ import numpy as np
 from converter.errors import ConversionError
 from converter.plan import Leaf, Plan
 from handlers import LazyTensor, Processes, ShardedLazyTensor
+from handlers.streaming import block_target_bytes, plan_blocks
 
 
 def _described(leaf: Leaf) -> str:
@@ -21,6 +22,13 @@ def _described(leaf: Leaf) -> str:
 
 def lazy_tensor(leaf: Leaf) -> LazyTensor:
   return LazyTensor(_described(leaf), leaf.shape, leaf.dtype, leaf.loader)
+
+
+def write_blocks(plan: Plan, max_inflight_bytes: int):
+  """Every leaf's lazy tensor, and the writer's cut of them under this budget (handlers.streaming.plan_blocks:
+  each leaf's block shape and block indices, and every block's bytes)."""
+  lazies = [lazy_tensor(leaf) for leaf in plan.leaves]
+  return (lazies, *plan_blocks(lazies, block_target_bytes(max_inflight_bytes)))
 
 
 def _sharding_for(shape: tuple[int, ...], mesh: jax.sharding.Mesh) -> jax.sharding.NamedSharding:

@@ -280,7 +280,8 @@ def _verify(plan, items_path: str, processes) -> None:
 
   progress = Progress(enabled=FLAGS.progress, description="verifying")
   progress.start(plan.total_bytes)
-  report = verify_checkpoint(plan, items_path, on_block=progress.advance, processes=processes)
+  report = verify_checkpoint(plan, items_path, on_block=progress.advance, processes=processes,
+                             max_inflight_bytes=FLAGS.max_inflight_bytes)
   progress.close()
   print(f"verified:      {report.leaves} leaves, {report.blocks} blocks, {report.bytes:,} bytes,"
         f" {len(report.mismatches)} mismatches")

@@ -47,13 +47,20 @@ def _positive_int(raw: Mapping[str, Any], key: str, path: str, default: Any = No
   return value
 
 
-def _rope_theta(raw: Mapping[str, Any]) -> float:
+def _number(value: Any, key: str, path: str) -> float:
+  """A float from config.json, or a ConversionError naming the key (null and strings included)."""
+  if isinstance(value, bool) or not isinstance(value, (int, float)):
+    raise ConversionError(f"{path}: {key!r} must be a number, got {value!r}")
+  return float(value)
+
+
+def _rope_theta(raw: Mapping[str, Any], path: str) -> float:
   if raw.get("rope_theta") is not None:
-    return float(raw["rope_theta"])
+    return _number(raw["rope_theta"], "rope_theta", path)
   rope_parameters = raw.get("rope_parameters") or {}
   # transformers 5 nests per-attention-type settings for models with local and global layers (Gemma3).
   rope_parameters = rope_parameters.get("full_attention", rope_parameters)
-  return float(rope_parameters.get("rope_theta", 10000.0))
+  return _number(rope_parameters.get("rope_theta", 10000.0), "rope_parameters.rope_theta", path)
 
 
 def load_model_config(model_dir: str) -> ModelConfig:
@@ -98,8 +105,8 @@ def parse_model_config(raw: Any, path: str) -> ModelConfig:
       head_dim=_positive_int({"head_dim": head_dim}, "head_dim", path),
       intermediate_size=_positive_int(merged, "intermediate_size", path, default=1),
       vocab_size=_positive_int(merged, "vocab_size", path),
-      rms_norm_eps=float(merged.get("rms_norm_eps", 1e-6)),
-      rope_theta=_rope_theta(merged),
+      rms_norm_eps=_number(merged.get("rms_norm_eps", 1e-6), "rms_norm_eps", path),
+      rope_theta=_rope_theta(merged, path),
       tie_word_embeddings=bool(merged.get("tie_word_embeddings", False)),
       raw=merged,
   )

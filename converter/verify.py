@@ -12,10 +12,9 @@ from typing import Callable
 import numpy as np
 
 from converter.checkpoint_reader import CheckpointReader
-from converter.lazy_leaves import lazy_tensor
+from converter.lazy_leaves import write_blocks
 from converter.plan import Plan
-from handlers import Processes, shares
-from handlers.streaming import plan_blocks
+from handlers import DEFAULT_MAX_INFLIGHT_BYTES, Processes, shares
 
 _READ_CACHE_BYTES = 256 << 20
 
@@ -36,15 +35,15 @@ def _first_difference(stored: np.ndarray, expected: np.ndarray) -> str:
 
 
 def verify_checkpoint(
-    plan: Plan, items_path: str, on_block: Callable[[int], None] | None = None, processes: Processes = Processes()
+    plan: Plan, items_path: str, on_block: Callable[[int], None] | None = None, processes: Processes = Processes(),
+    max_inflight_bytes: int = DEFAULT_MAX_INFLIGHT_BYTES,
 ) -> VerifyReport:
-  """Compares every block (with several processes, this process's share of them: byte-balanced as the writes
-  are, so N processes verify in parallel)."""
+  """Compares every block, cut as the writer cut them under the same budget (with several processes, this
+  process's share of them: byte-balanced as the writes are, so N processes verify in parallel)."""
   reader = CheckpointReader(items_path)
   mismatches: list[str] = []
   blocks = total = 0
-  lazies = [lazy_tensor(leaf) for leaf in plan.leaves]
-  block_shapes, indices, sizes = plan_blocks(lazies)
+  lazies, block_shapes, indices, sizes = write_blocks(plan, max_inflight_bytes)
   owner = iter(shares.owners(sizes, processes.count))
   mine = [[index for index in leaf_indices if next(owner) == processes.index] for leaf_indices in indices]
   for leaf, lazy, block, leaf_indices in zip(plan.leaves, lazies, block_shapes, mine):

@@ -122,8 +122,9 @@ async def _open(
   return store, spec.metadata
 
 
-def _target_bytes(max_inflight_bytes: int) -> int:
-  # Several blocks in flight keep both cores and the disk busy; a small budget makes small blocks.
+def block_target_bytes(max_inflight_bytes: int) -> int:
+  """About how large a write block is under a byte budget: several blocks in flight keep both cores and the disk
+  busy, so a small budget makes small blocks."""
   return min(TARGET_BLOCK_BYTES, max_inflight_bytes // 4)
 
 
@@ -138,7 +139,7 @@ def plan_blocks(values: Sequence[LazyTensor], target_bytes: int = TARGET_BLOCK_B
 
 def share_bytes(values: Sequence[LazyTensor], max_inflight_bytes: int, count: int) -> list[int]:
   """The bytes each of `count` processes writes when `values` are saved together (what --dry_run shows)."""
-  _, _, sizes = plan_blocks(values, _target_bytes(max_inflight_bytes))
+  _, _, sizes = plan_blocks(values, block_target_bytes(max_inflight_bytes))
   totals = [0] * count
   for nbytes, owner in zip(sizes, shares.owners(sizes, count)):
     totals[owner] += nbytes
@@ -164,7 +165,7 @@ async def write_lazy_tensors(
     if not task.cancelled() and task.exception() is not None:
       errors.append(task.exception())
 
-  blocks, indices, sizes = plan_blocks(values, _target_bytes(options.max_inflight_bytes))
+  blocks, indices, sizes = plan_blocks(values, block_target_bytes(options.max_inflight_bytes))
   owner = iter(shares.owners(sizes, options.processes.count))
   metadatas = []
   try:

@@ -1,0 +1,70 @@
+"""What of the multi-process set-up is checkable in one process: flags refused before JAX's runtime is joined,
+the arguments it is joined with, who this process is, and barriers that cost nothing alone."""
+
+from unittest import mock
+
+import jax
+
+jax.config.update("jax_platforms", "cpu")
+
+import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top,g-bad-import-order
+from absl.testing import absltest, parameterized
+
+from converter import processes  # pylint: disable=g-import-not-at-top
+from converter.errors import ConversionError
+from handlers import Processes
+
+
+class JoinTest(parameterized.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    # Never joins for real: initialize would wait for a coordinator that does not exist.
+    self.initialize = self.enter_context(mock.patch.object(jax.distributed, "initialize", autospec=True))
+
+  @parameterized.named_parameters(
+      ("no_coordinator", dict(coordinator_address=None, num_processes=2, process_id=0),
+       r"needs --coordinator_address"),
+      ("empty_coordinator", dict(coordinator_address="", num_processes=2, process_id=1),
+       r"needs --coordinator_address"),
+      ("id_equal_to_count", dict(coordinator_address="host:1234", num_processes=2, process_id=2),
+       r"--process_id=2 is not below --num_processes=2"),
+      ("id_above_count", dict(coordinator_address="host:1234", num_processes=4, process_id=9),
+       r"--process_id=9 is not below --num_processes=4"),
+  )
+  def test_bad_flags_are_refused_before_joining(self, flags, message):
+    with self.assertRaisesRegex(ConversionError, message):
+      processes.join(auto=False, **flags)
+    self.initialize.assert_not_called()
+
+  def test_explicit_join_passes_the_flags_and_a_heartbeat_timeout(self):
+    processes.join(auto=False, coordinator_address="host:1234", num_processes=4, process_id=3)
+    self.initialize.assert_called_once_with(coordinator_address="host:1234", num_processes=4, process_id=3,
+                                            heartbeat_timeout_seconds=processes.HEARTBEAT_TIMEOUT_S)
+    self.assertEqual(jax.config.jax_cpu_collectives_implementation, "gloo")  # CPU collectives between hosts.
+
+  def test_auto_join_lets_jax_discover_everything(self):
+    # With auto, the coordinator flags are not needed (TPU pods, SLURM) and not checked.
+    processes.join(auto=True, coordinator_address=None, num_processes=1, process_id=5)
+    self.initialize.assert_called_once_with(heartbeat_timeout_seconds=processes.HEARTBEAT_TIMEOUT_S)
+
+
+class CurrentAndBarrierTest(absltest.TestCase):
+
+  def test_current_is_the_only_process_when_none_was_joined(self):
+    self.assertEqual(processes.current(), Processes(index=0, count=1, primary=0))
+    self.assertTrue(processes.current().is_primary)
+
+  def test_a_barrier_of_one_process_does_not_synchronise(self):
+    with mock.patch.object(ocp.multihost, "sync_global_processes", autospec=True) as sync:
+      processes.barrier("prepared", Processes())
+    sync.assert_not_called()
+
+  def test_a_barrier_of_several_processes_waits_under_a_named_key(self):
+    with mock.patch.object(ocp.multihost, "sync_global_processes", autospec=True) as sync:
+      processes.barrier("prepared", Processes(index=1, count=2))
+    sync.assert_called_once_with("hf2maxtext:prepared", timeout=processes.BARRIER_TIMEOUT_S)
+
+
+if __name__ == "__main__":
+  absltest.main()
