@@ -101,7 +101,7 @@ def _start_jax(devices: int, distributed: bool = False) -> None:
 
   jax.config.update("jax_platforms", "cpu")
   jax.config.update("jax_num_cpu_devices", devices)
-  if distributed and (FLAGS.distributed == "auto" or FLAGS.num_processes > 1):
+  if distributed and _several_processes():
     from converter import processes  # pylint: disable=g-import-not-at-top
 
     processes.join(auto=FLAGS.distributed == "auto", coordinator_address=FLAGS.coordinator_address,
@@ -173,6 +173,10 @@ def run() -> None:
   else:
     _start_jax(FLAGS.simulated_cpu_devices_count, distributed=True)
     _run_to_maxtext()
+
+
+def _several_processes() -> bool:
+  return FLAGS.distributed == "auto" or FLAGS.num_processes > 1
 
 
 def _plan_options() -> PlanOptions:
@@ -312,7 +316,13 @@ def main(argv: list[str]) -> None:
   from converter.errors import ConversionError  # pylint: disable=g-import-not-at-top
 
   try:
-    run()
+    if _several_processes() and not FLAGS.dry_run:
+      from converter import processes  # pylint: disable=g-import-not-at-top
+
+      with processes.gloo_lines_dropped():
+        run()
+    else:
+      run()
   except ConversionError as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(1)

@@ -7,6 +7,12 @@ Orbax's own multi-process protocol has the primary merge them and commit once ev
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
+import threading
+from typing import Iterator
+
 from converter.errors import ConversionError
 from handlers import Processes
 
@@ -30,6 +36,41 @@ def join(*, auto: bool, coordinator_address: str | None, num_processes: int, pro
     raise ConversionError(f"--process_id={process_id} is not below --num_processes={num_processes}")
   jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes,
                              process_id=process_id, heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S)
+
+
+GLOO_PREFIX = b"[Gloo] "
+
+
+@contextlib.contextmanager
+def gloo_lines_dropped() -> Iterator[None]:
+  """Standard output without Gloo's connection lines while the block runs.
+
+  Gloo (JAX's CPU collectives across processes) prints "[Gloo] Rank N is connected to 1 peer ranks ..." to
+  standard output from C++, once per local device when Orbax's save first runs a collective: nothing a user can
+  act on, and it lands among the summary lines scripts read. File descriptor 1 goes through a pipe meanwhile, and
+  every other line passes through unchanged.
+  """
+  sys.stdout.flush()
+  original = os.dup(1)
+  read_end, write_end = os.pipe()
+  os.dup2(write_end, 1)
+  os.close(write_end)
+
+  def forward() -> None:
+    with os.fdopen(read_end, "rb") as lines:
+      for line in lines:
+        if not line.startswith(GLOO_PREFIX):
+          os.write(original, line)
+
+  forwarder = threading.Thread(target=forward, name="gloo-lines-dropped", daemon=True)
+  forwarder.start()
+  try:
+    yield
+  finally:
+    sys.stdout.flush()
+    os.dup2(original, 1)  # Closes the pipe's last write end: the forwarder reads to its end and stops.
+    forwarder.join()
+    os.close(original)
 
 
 def current() -> Processes:

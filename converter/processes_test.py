@@ -1,6 +1,8 @@
 """What of the multi-process set-up is checkable in one process: flags refused before JAX's runtime is joined,
 the arguments it is joined with, who this process is, and barriers that cost nothing alone."""
 
+import os
+import sys
 from unittest import mock
 
 import jax
@@ -65,6 +67,29 @@ class CurrentAndBarrierTest(absltest.TestCase):
       processes.barrier("prepared", Processes(index=1, count=2))
     sync.assert_called_once_with("hf2maxtext:prepared", timeout=processes.BARRIER_TIMEOUT_S)
 
+
+
+class GlooLinesDroppedTest(absltest.TestCase):
+
+  def test_gloo_lines_are_dropped_and_everything_else_passes_in_order(self):
+    captured = os.path.join(absltest.get_default_test_tmpdir(), "stdout.txt")
+    sys.stdout.flush()
+    saved = os.dup(1)
+    with open(captured, "wb") as f:
+      os.dup2(f.fileno(), 1)
+    try:
+      with processes.gloo_lines_dropped():
+        os.write(1, b"[Gloo] Rank 0 is connected to 1 peer ranks. Expected number of connected peer ranks is : 1\n")
+        print("family:        qwen3")
+        sys.stdout.flush()
+        os.write(1, b"native line\n[Gloo] Rank 0 is connected to 1 peer ranks.\n")
+      print("after")
+      sys.stdout.flush()
+    finally:
+      os.dup2(saved, 1)
+      os.close(saved)
+    with open(captured, "rb") as f:
+      self.assertEqual(f.read(), b"family:        qwen3\nnative line\nafter\n")
 
 if __name__ == "__main__":
   absltest.main()
