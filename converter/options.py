@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+  from converter.progress import Progress
   from handlers import Processes
 
 
@@ -67,5 +68,5 @@ class RunContext:
   processes: Processes = dataclasses.field(default_factory=_one_process)
   overwrite: bool = False  # Replace a finished output.
   resume: bool = False  # Continue an interrupted conversion from what it wrote durably.
-  progress: Any = None  # A converter.progress.Progress, told the total and every block written.
+  progress: Progress | None = None  # Told the total, then every block written.
   cancel: threading.Event | None = None  # Set to stop before the next block; nothing is committed.

@@ -17,7 +17,7 @@ from converter import storage
 from converter.errors import ConversionError
 from converter.output import layout
 from converter.output import lock as lock_lib
-from converter.output.destination import Journal, Lock
+from converter.output.destination import Journal, Lock, journal_line
 from handlers import BlockWritten
 
 UPLOAD_INTERVAL_S = 0.5
@@ -146,7 +146,7 @@ class BucketJournal:
     self._uploader.start()
 
   def __call__(self, event: BlockWritten) -> None:
-    line = json.dumps({"a": event.array_name, "s": list(event.start), "e": list(event.stop)}) + "\n"
+    line = journal_line(event)
     with self._lock:
       self._pending.append(line)
 

@@ -9,6 +9,7 @@ their destination and never test the path themselves.
 
 from __future__ import annotations
 
+import json
 import threading
 from typing import ContextManager, Protocol, Sequence
 
@@ -38,6 +39,11 @@ class Journal(Protocol):
 
   def close(self) -> None:
     """Makes every entry durable; raises ConversionError when that fails."""
+
+
+def journal_line(event: BlockWritten) -> str:
+  """One journal entry: a JSON line naming the array and the block's region (read back by resume.py)."""
+  return json.dumps({"a": event.array_name, "s": list(event.start), "e": list(event.stop)}) + "\n"
 
 
 class Destination(Protocol):

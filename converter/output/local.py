@@ -18,7 +18,7 @@ from typing import ContextManager, Sequence
 from converter.errors import ConversionError
 from converter.output import layout
 from converter.output import lock as lock_lib
-from converter.output.destination import Journal, Lock
+from converter.output.destination import Journal, Lock, journal_line
 from converter.write_behind import WriteBehindDirectory
 from handlers import BlockWritten
 
@@ -92,7 +92,7 @@ class LocalJournal:
     self._closed = False
 
   def __call__(self, event: BlockWritten) -> None:
-    line = json.dumps({"a": event.array_name, "s": list(event.start), "e": list(event.stop)}) + "\n"
+    line = journal_line(event)
     with self._lock:
       self._file.write(line)
       self._file.flush()
