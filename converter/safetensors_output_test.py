@@ -1,5 +1,5 @@
 """The streaming safetensors writer syncs its file as it closes, reports a failed sync naming the file, and a
-failed write's abort does not hide the error that made it fail."""
+failed write's abort does not hide the error that made it fail; --max_shard_size values parse as documented."""
 
 import errno
 import os
@@ -9,6 +9,7 @@ from unittest import mock
 import numpy as np
 from absl.testing import absltest
 
+from converter import safetensors_output
 from converter.errors import ConversionError
 from converter.safetensors_output import SafetensorsStreamWriter, TensorSpec
 
@@ -33,6 +34,20 @@ class SafetensorsStreamWriterTest(absltest.TestCase):
     writer = SafetensorsStreamWriter(self.path, _SPECS)
     with mock.patch.object(os, "fsync", side_effect=_EIO):
       writer.abort()
+
+
+class ParseSizeTest(absltest.TestCase):
+
+  def test_max_shard_size_parsing(self):
+    # Decimal and binary units, any case, a space and a fraction; a plain int passes through; the rest is refused.
+    self.assertEqual(safetensors_output.parse_size("5GB"), 5 * 10**9)
+    self.assertEqual(safetensors_output.parse_size("500MB"), 500 * 10**6)
+    self.assertEqual(safetensors_output.parse_size("2GiB"), 2 * 2**30)
+    self.assertEqual(safetensors_output.parse_size("1.5 kb"), 1500)
+    self.assertEqual(safetensors_output.parse_size(12345), 12345)
+    for bad in ("", "5XB", "-1GB", "0"):
+      with self.assertRaises(ConversionError):
+        safetensors_output.parse_size(bad)
 
 
 if __name__ == "__main__":

@@ -16,10 +16,12 @@ from handlers.write_options import BlockWritten, SaveCancelled, WriteOptions
 
 async def _write_block(
     store: ts.TensorStore, lazy: LazyTensor, array_name: str, index: tuple, nbytes: int, budget: ByteBudget,
-    options: WriteOptions,
+    options: WriteOptions, failed: Sequence[BaseException] = (),
 ) -> None:
   try:
     block = await asyncio.to_thread(lazy.read, index)
+    if failed:  # The save is failing (see write_lazy_tensors): no new write that would only wait out its retries.
+      return
     try:
       await store[index].write(block, can_reference_source_data_indefinitely=True)
     except Exception as e:
@@ -181,12 +183,20 @@ async def write_lazy_tensors(
           raise SaveCancelled("the save was cancelled before every block was written")
         nbytes = math.prod(s.stop - s.start for s in index) * lazy.itemsize
         await budget.acquire(nbytes)
-        task = asyncio.create_task(_write_block(store, lazy, info.name, index, nbytes, budget, options))
+        task = asyncio.create_task(_write_block(store, lazy, info.name, index, nbytes, budget, options, errors))
         pending.add(task)
         task.add_done_callback(_finished)
     await asyncio.gather(*list(pending), return_exceptions=True)
     if errors:
       raise errors[0]
+  except Exception:
+    # Let the blocks in flight finish (or fail) before the error leaves. Cancelling their tasks would not stop
+    # their writes: tensorstore still completes each one later, from its own thread, through this event loop,
+    # which Orbax closes as soon as this coroutine returns; a write completing after that (its retries running
+    # out once a bucket is down) printed a bare "RuntimeError: Event loop is closed" traceback. A block not yet
+    # written is not started (`failed`); the ones that land are journaled for --resume as usual.
+    await asyncio.gather(*list(pending), return_exceptions=True)
+    raise
   except BaseException:
     for task in list(pending):
       task.cancel()

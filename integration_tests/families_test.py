@@ -64,9 +64,9 @@ def copy_model(model_dir: str, tensors: dict[str, np.ndarray], replace_config: d
 
 
 def convert(model_dir: str, *flags: str) -> str:
-  out = harness.scratch_dir("mt-")
-  harness.run_converter(f"--hf_model_path={model_dir}", f"--output_dir={out}", "--save_dtype=float32", *flags)
-  return os.path.join(out, "0", "items")
+  """The converter binary's float32 conversion (harness.converted: once per setting in this process, so the
+  family tests below read the matrix cell of the same setting; read-only)."""
+  return harness.converted(model_dir, "--save_dtype=float32", *flags)
 
 
 class FamiliesTest(parameterized.TestCase):
@@ -423,5 +423,29 @@ class FamiliesTest(parameterized.TestCase):
                                                        checkpoint_io.restore_v0(direct)), [])
 
 
+# The cases that share a tiny model run in one shard (each model built once): the matrix cells by the model in
+# their name, the family tests by the model they read.
+SHARD_GROUPS = harness.model_group(
+    r"test_logits_match_transformers_(.+?)_devices\d+_",
+    {"test_wrong_target_is_caught_by_validator": "llama3_1", "test_llama31_kernels_are_permuted_and_scaled": "llama3_1",
+     "test_scanned_experts_are_experts_first_then_layers": "qwen3_moe", "test_vocab_padding": "llama3_2_tied",
+     "test_tie_word_embeddings_contradicting_tensors_is_refused_tied_flag_with_lm_head": "llama3",
+     "test_tie_word_embeddings_contradicting_tensors_is_refused_untied_flag_without_lm_head": "llama3_2_tied",
+     "test_deepseek_groups_and_gate_bias": "deepseek3", "test_deepseek_multi_token_prediction_layer_is_skipped":
+     "deepseek3", "test_deepseek_v3_checkpoint_needs_a_deepseek3_name": "deepseek3",
+     "test_gpt_oss_gate_up_interleaved_in_strided_blocks": "gpt_oss",
+     "test_llama4_gate_up_halves_in_strided_blocks": "llama4_128e",
+     "test_llama4_conditional_generation_converts_its_text_weights": "llama4_16e",
+     "test_qwen3_next_scanned_blocks_then_layers": "qwen3_next",
+     "test_qwen3_5_linear_projections_regrouped_per_key_head": "qwen3_5",
+     "test_qwen3_5_fused_experts_convert_as_per_expert": "qwen3_5",
+     "test_qwen3_5_conditional_generation_converts_its_text_weights": "qwen3_5",
+     "test_olmo3_global_query_key_norms": "olmo3", "test_unsupported_architecture_lists_supported_ones": "qwen3",
+     "test_gemma4_scanned_blocks_and_fused_experts": "gemma4_moe",
+     "test_gemma4_kv_shared_layers_and_per_layer_inputs": "gemma4_e2b",
+     "test_gemma4_small_refuses_scan_layers_at_once": "gemma4_e2b",
+     "test_gemma4_kv_tensors_of_shared_layers_are_skipped": "gemma4_e4b",
+     "test_gemma4_conditional_generation_converts_its_text_weights": "gemma4_moe"})
+
 if __name__ == "__main__":
-  absltest.main()
+  absltest.main(testLoader=harness.GroupShardingLoader(SHARD_GROUPS))

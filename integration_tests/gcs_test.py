@@ -6,27 +6,27 @@ JSON API, so a bug in the converter's own bucket code cannot hide in the checks.
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import os
 import subprocess
+import threading
 import time
+from unittest import mock
 
 from absl.testing import absltest, parameterized
 import numpy as np
 
 from tools import gcs_emulator
-from integration_tests import harness
+from integration_tests import fixtures, harness
 
 harness.start_jax()
 
-from tools import checkpoint_io, synthetic_checkpoint  # pylint: disable=g-import-not-at-top
+from handlers import LazyTensor, WriteOptions, streaming  # pylint: disable=g-import-not-at-top
+from tools import checkpoint_io  # pylint: disable=g-import-not-at-top
 
 
-_BUDGET = "--max_inflight_bytes=2097152"
-
-
-def _small_moe() -> dict:
-  return synthetic_checkpoint.qwen3_moe_config(hidden=256, layers=2, experts=8, moe_dim=128, heads=4, kv_heads=2,
-                                               head_dim=64, vocab=1000)
+_BUDGET = fixtures.STREAMING_BUDGET
 
 
 class GcsTest(parameterized.TestCase):
@@ -36,10 +36,7 @@ class GcsTest(parameterized.TestCase):
     super().setUpClass()
     cls.gcs = gcs_emulator.GcsEmulator()
     cls.gcs.start()
-    cls.model = harness.scratch_dir("gcs-hf-")
-    config = _small_moe()
-    synthetic_checkpoint.write_checkpoint(cls.model, config, list(synthetic_checkpoint.qwen3_moe_shapes(config)),
-                                          max_shard_bytes=4 << 20)
+    cls.model = fixtures.write_moe("gcs-hf-", fixtures.SMALL_MOE, max_shard_bytes=4 << 20)
     for bucket in ("models", "ckpts"):
       cls.gcs.create_bucket(bucket)
     cls.gcs.upload_dir(cls.model, "models", "tiny")
@@ -140,10 +137,7 @@ class GcsOutageTest(absltest.TestCase):
   """The server stops mid-save: the conversion fails and commits nothing; after a restart `--resume` finishes it."""
 
   def test_server_stopped_mid_save_then_resume(self):
-    config = synthetic_checkpoint.qwen3_moe_config(hidden=512, layers=4, experts=64, moe_dim=256, heads=8,
-                                                   kv_heads=2, head_dim=64, vocab=4096)
-    model = harness.scratch_dir("outage-hf-")
-    synthetic_checkpoint.write_checkpoint(model, config, list(synthetic_checkpoint.qwen3_moe_shapes(config)))
+    model = fixtures.write_moe("outage-hf-", fixtures.STREAMED_MOE)  # Still writing when the server stops.
     reference = os.path.join(harness.scratch_dir("outage-local-"), "out")
     flags = [f"--hf_model_path={model}", "--simulated_cpu_devices_count=1", _BUDGET, "--noprogress",
              "--storage_retries=3"]
@@ -191,6 +185,81 @@ class GcsOutageTest(absltest.TestCase):
       diffs = checkpoint_io.trees_bit_identical(checkpoint_io.restore_v0(os.path.join(copy, "0", "items")),
                                                 checkpoint_io.restore_v0(os.path.join(reference, "0", "items")))
       self.assertEqual(diffs, [])
+
+
+@dataclasses.dataclass(frozen=True)
+class _Rows:
+  """A loader of an (8, 4) float32 leaf, one row per block."""
+
+  shape: tuple[int, ...] = (8, 4)
+
+  @property
+  def block_shape(self) -> tuple[int, ...]:
+    return (1, 4)
+
+  def region(self, index: tuple[slice, ...]) -> np.ndarray:
+    return np.zeros((1, 4), np.float32)
+
+
+class _LateWrite:
+  """A write that completes as tensorstore's do once a bucket is down: later, from another thread, through
+  `loop.call_soon_threadsafe`, whether or not the awaiting task was cancelled meanwhile (in the outage the
+  binding delivered `(tensorstore.Future, <Future cancelled>)` to a loop Orbax had closed)."""
+
+  def __init__(self, delay_s: float, error: BaseException, delivery_errors: list[BaseException]):
+    self._delay_s, self._error, self._delivery_errors = delay_s, error, delivery_errors
+
+  def __await__(self):
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+
+    def fail(done: asyncio.Future) -> None:
+      if not done.done():
+        done.set_exception(self._error)
+
+    def complete() -> None:
+      time.sleep(self._delay_s)
+      try:
+        loop.call_soon_threadsafe(fail, future)
+      except RuntimeError as e:  # What tensorstore's binding printed as a bare traceback.
+        self._delivery_errors.append(e)
+
+    threading.Thread(target=complete, daemon=True).start()
+    return future.__await__()
+
+
+class InFlightWritesAfterAFailureTest(absltest.TestCase):
+  """The outage's failure path without a server: one block's write fails while another's is still in flight."""
+
+  def test_a_failed_save_returns_only_after_every_write_in_flight_has_completed(self):
+    delivery_errors: list[BaseException] = []
+    # Row 0 fails at once and row 1 soon after; the later rows' writes fail a second after they start: the save
+    # gives up (at its next block) while row 2's write is still in flight.
+    delays = {row: {0: 0.0, 1: 0.3}.get(row, 1.0) for row in range(8)}
+
+    class Store:
+
+      def __getitem__(self, index):
+        row = index[0].start
+        return mock.Mock(write=lambda block, **kwargs: _LateWrite(delays[row], ValueError("ABORTED: server down"),
+                                                                  delivery_errors))
+
+    async def fake_open(lazy, block, info, arg, metadata_key, create):
+      del lazy, block, info, arg, metadata_key, create
+      return Store(), None
+
+    lazy = LazyTensor("t", (8, 4), np.float32, _Rows())
+    # Two 16-byte blocks in flight at a time; the save runs as Orbax runs it: run_until_complete, then close.
+    loop = asyncio.new_event_loop()
+    with mock.patch.object(streaming, "_open", fake_open):
+      try:
+        with self.assertRaisesRegex(Exception, "server down"):
+          loop.run_until_complete(streaming.write_lazy_tensors(
+              [lazy], [mock.Mock(name="info")], [None], options=WriteOptions(max_inflight_bytes=32)))
+      finally:
+        loop.close()
+    time.sleep(2.0)  # Every late write has completed by now.
+    self.assertEqual(delivery_errors, [])  # None arrived at a closed event loop.
 
 
 if __name__ == "__main__":

@@ -9,12 +9,12 @@ import subprocess
 
 from absl.testing import absltest
 
-from integration_tests import harness
+from integration_tests import fixtures, harness
 from integration_tests import hub_stand_in
 
 harness.start_jax()
 
-from tools import checkpoint_io, synthetic_checkpoint  # pylint: disable=g-import-not-at-top
+from tools import checkpoint_io  # pylint: disable=g-import-not-at-top
 
 REPO = "tiny-org/tiny-moe"
 _DEAD_ENDPOINT = "http://127.0.0.1:9"  # Nothing listens there: a request would fail at once.
@@ -25,11 +25,7 @@ class HubTest(absltest.TestCase):
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    config = synthetic_checkpoint.qwen3_moe_config(hidden=256, layers=2, experts=8, moe_dim=128, heads=4,
-                                                   kv_heads=2, head_dim=64, vocab=1000)
-    cls.model = harness.scratch_dir("hub-hf-")
-    synthetic_checkpoint.write_checkpoint(cls.model, config, list(synthetic_checkpoint.qwen3_moe_shapes(config)),
-                                          max_shard_bytes=2 << 20)
+    cls.model = fixtures.write_moe("hub-hf-", fixtures.SMALL_MOE, max_shard_bytes=2 << 20)
     cls.shards = sorted(n for n in os.listdir(cls.model) if n.endswith(".safetensors"))
     # What a real repo also holds, and a conversion must not fetch.
     for extra in ("tokenizer.json", "pytorch_model.bin", "README.md"):

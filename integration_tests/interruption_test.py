@@ -10,11 +10,11 @@ import time
 
 from absl.testing import absltest, parameterized
 
-from integration_tests import harness
+from integration_tests import fixtures, harness
 
 harness.start_jax()
 
-from tools import checkpoint_io, synthetic_checkpoint  # pylint: disable=g-import-not-at-top
+from tools import checkpoint_io  # pylint: disable=g-import-not-at-top
 
 JOURNAL_DIR = "0.hf2maxtext-resume"
 
@@ -36,18 +36,14 @@ class InterruptionTest(parameterized.TestCase):
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    # About 100 MB in 64-expert layers: 0.8 MiB natural blocks, so a 2 MiB budget makes dozens of writes.
-    config = synthetic_checkpoint.qwen3_moe_config(hidden=512, layers=4, experts=64, moe_dim=256, heads=8,
-                                                   kv_heads=2, head_dim=64, vocab=4096)
-    cls.model = harness.scratch_dir("interrupt-hf-")
-    synthetic_checkpoint.write_checkpoint(cls.model, config, list(synthetic_checkpoint.qwen3_moe_shapes(config)))
+    cls.model = fixtures.write_moe("interrupt-hf-", fixtures.STREAMED_MOE)  # Dozens of writes to interrupt.
     cls.reference = os.path.join(harness.scratch_dir("clean-"), "out")
     harness.run_converter(*cls.flags(cls.reference))
 
   @classmethod
   def flags(cls, out: str, *extra: str) -> list[str]:
     return [f"--hf_model_path={cls.model}", f"--output_dir={out}", "--simulated_cpu_devices_count=1",
-            "--max_inflight_bytes=2097152", "--noprogress", *extra]
+            fixtures.STREAMING_BUDGET, "--noprogress", *extra]
 
   def _start_and_stop(self, out: str, sig: int) -> subprocess.CompletedProcess:
     """Starts a conversion, waits until some blocks are durably written, then sends `sig`."""

@@ -12,7 +12,7 @@ import time
 
 from absl.testing import absltest, parameterized
 
-from integration_tests import harness
+from integration_tests import fixtures, harness
 
 harness.start_jax()
 
@@ -48,13 +48,10 @@ def _model(name: str) -> str:
     config = synthetic_checkpoint.llama_config(hidden=256, layers=4, intermediate=512, heads=4, kv_heads=2,
                                                vocab=1000)
     shapes = synthetic_checkpoint.llama_shapes(config)
-  else:
-    config = synthetic_checkpoint.qwen3_moe_config(hidden=256, layers=3, experts=8, moe_dim=128, heads=4,
-                                                   kv_heads=2, head_dim=64, vocab=1000)
-    shapes = synthetic_checkpoint.qwen3_moe_shapes(config)
-  directory = harness.scratch_dir(f"multiprocess-{name}-")
-  synthetic_checkpoint.write_checkpoint(directory, config, list(shapes), max_shard_bytes=1 << 20)
-  return directory
+    directory = harness.scratch_dir(f"multiprocess-{name}-")
+    synthetic_checkpoint.write_checkpoint(directory, config, list(shapes), max_shard_bytes=1 << 20)
+    return directory
+  return fixtures.write_moe(f"multiprocess-{name}-", fixtures.SMALL_MOE, max_shard_bytes=1 << 20, layers=3)
 
 
 class MultiProcessTest(parameterized.TestCase):
@@ -182,10 +179,7 @@ class MultiProcessTest(parameterized.TestCase):
 
   def test_a_killed_process_ends_the_others_and_resume_finishes_identically(self):
     # About 0.8 GB in small blocks (a 256 KiB budget): several seconds of writing to interrupt.
-    config = synthetic_checkpoint.qwen3_moe_config(hidden=1024, layers=4, experts=64, moe_dim=512, heads=8,
-                                                   kv_heads=2, head_dim=64, vocab=4096)
-    model = harness.scratch_dir("multiprocess-kill-")
-    synthetic_checkpoint.write_checkpoint(model, config, list(synthetic_checkpoint.qwen3_moe_shapes(config)))
+    model = fixtures.write_moe("multiprocess-kill-", fixtures.STREAMED_MOE, hidden=1024, moe_dim=512)
     out = os.path.join(harness.scratch_dir("multiprocess-"), "out")
     flags = [f"--hf_model_path={model}", f"--output_dir={out}", "--simulated_cpu_devices_count=1",
              "--max_inflight_bytes=262144"]

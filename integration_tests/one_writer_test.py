@@ -12,11 +12,11 @@ import time
 from absl.testing import absltest, parameterized
 
 from tools import gcs_emulator
-from integration_tests import harness
+from integration_tests import fixtures, harness
 
 harness.start_jax()
 
-from tools import checkpoint_io, synthetic_checkpoint  # pylint: disable=g-import-not-at-top
+from tools import checkpoint_io  # pylint: disable=g-import-not-at-top
 
 LOCK_SUFFIX = ".hf2maxtext-lock"
 
@@ -26,11 +26,8 @@ class OneWriterTest(parameterized.TestCase):
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    # About 100 MB at a 2 MiB budget: the first conversion is still writing when the second one starts.
-    config = synthetic_checkpoint.qwen3_moe_config(hidden=512, layers=4, experts=64, moe_dim=256, heads=8,
-                                                   kv_heads=2, head_dim=64, vocab=4096)
-    cls.model = harness.scratch_dir("one-writer-hf-")
-    synthetic_checkpoint.write_checkpoint(cls.model, config, list(synthetic_checkpoint.qwen3_moe_shapes(config)))
+    # The first conversion is still writing when the second one starts.
+    cls.model = fixtures.write_moe("one-writer-hf-", fixtures.STREAMED_MOE)
     cls.reference = os.path.join(harness.scratch_dir("one-writer-ref-"), "out")
     harness.run_converter(*cls.flags(cls.reference))
     cls.gcs = gcs_emulator.GcsEmulator()
@@ -45,7 +42,7 @@ class OneWriterTest(parameterized.TestCase):
   @classmethod
   def flags(cls, out: str) -> list[str]:
     return [f"--hf_model_path={cls.model}", f"--output_dir={out}", "--simulated_cpu_devices_count=1",
-            "--max_inflight_bytes=2097152", "--noprogress"]
+            fixtures.STREAMING_BUDGET, "--noprogress"]
 
   def env(self) -> dict[str, str]:
     return harness.converter_env(**self.gcs.env)

@@ -59,9 +59,8 @@ def quantized_model(fmt: str) -> tuple[str, str, np.ndarray]:
 
 
 def convert(model_dir: str, *flags: str) -> str:
-  out = harness.scratch_dir("mt-")
-  harness.run_converter(f"--hf_model_path={model_dir}", f"--output_dir={out}", *flags)
-  return os.path.join(out, "0", "items")
+  """The converter binary's conversion (harness.converted: once per setting in this process; read-only)."""
+  return harness.converted(model_dir, *flags)
 
 
 class QuantizedTest(parameterized.TestCase):
@@ -251,5 +250,19 @@ class QuantizedBadInputTest(absltest.TestCase):
     self.assert_refused(path, "F8_E4M3", "only floating-point weights", "quantization_config")
 
 
+# The cases that share a quantized model run in one shard (each built, dequantized and run through transformers
+# once): the matrix cells by the format in their name, the others by the model they read.
+SHARD_GROUPS = harness.model_group(
+    r"test_logits_match_transformers_on_the_dequantized_weights_(.+?)_devices\d+_",
+    {**{f"test_every_leaf_equals_the_numpy_dequantization{i}": fmt
+        for i, fmt in enumerate(fmt for fmt in FORMATS for _ in range(2))},  # Product order: fmt, then save_dtype.
+     **{f"test_back_to_huggingface_gives_the_dequantized_weights{i}": fmt for i, fmt in enumerate(FORMATS)},
+     "test_fp8_blocks_are_taken_from_the_config_not_the_shapes": "fp8",
+     "test_dry_run_shows_each_source_format": "fp8",  # fp8 and mxfp4: one shard holds both (8 + 7 cases).
+     **{name: "qwen3_5_fp8" for name in ("test_dry_run_shows_kept_fp8_leaves", "test_refused_with_the_reason",
+                                         "test_maxtext_dequantization_is_the_dequantized_conversion0",
+                                         "test_maxtext_dequantization_is_the_dequantized_conversion1",
+                                         "test_scales_regrouped_per_key_head_in_block_units")}})
+
 if __name__ == "__main__":
-  absltest.main()
+  absltest.main(testLoader=harness.GroupShardingLoader(SHARD_GROUPS))

@@ -10,6 +10,13 @@ scan {on, off} with lazy on for the other models (lazy only changes how the forw
 Plus bfloat16 cells (bounded to one bf16 ulp where the query is scaled), the Qwen3-30B-A3B structure at reduced
 size, vocab padding, one-slice-at-a-time reads, and the ways the reverse direction must fail cleanly.
 
+The forward direction runs the converter binary's conversion (harness.converted: its entry point, in a converter
+process reused per device count, one conversion per setting); the reverse direction of the grid cells runs in this
+process through `to_huggingface.convert_to_huggingface`, the function the binary's `--direction=to_huggingface`
+calls (the binary's own flags, exit codes and messages are checked by the "failing cleanly" tests below, which
+still run it as a process). Bazel's shards split the cases by model (harness.GroupShardingLoader), so each shard
+builds only its own models.
+
 A round trip cannot see a bug the two directions share (a wrong layout undone by its mirror image); the forward
 direction is pinned to transformers' logits by families_test.py.
 """
@@ -32,7 +39,7 @@ harness.start_jax()
 import ml_dtypes  # pylint: disable=g-import-not-at-top,g-bad-import-order
 import numpy as np  # pylint: disable=g-import-not-at-top,g-bad-import-order
 
-from converter import ops, reverse_plan, safetensors_output, to_huggingface  # pylint: disable=g-import-not-at-top
+from converter import ops, reverse_plan, to_huggingface  # pylint: disable=g-import-not-at-top
 from converter.checkpoint_reader import CheckpointReader  # pylint: disable=g-import-not-at-top
 from converter.options import ReverseOptions  # pylint: disable=g-import-not-at-top
 from tools import tiny_models, validate_lib  # pylint: disable=g-import-not-at-top
@@ -103,14 +110,16 @@ def original_tensors(model_dir: str) -> dict[str, np.ndarray]:
 
 
 def to_maxtext(model_dir: str, *flags: str) -> str:
-  out = harness.scratch_dir("mt-")
-  harness.run_converter(f"--hf_model_path={model_dir}", f"--output_dir={out}", *flags)
-  return os.path.join(out, "0", "items")
+  """The converter binary's conversion (harness.converted: once per setting in this process; read-only)."""
+  return harness.converted(model_dir, *flags)
 
 
-def to_hf(items: str, *flags: str) -> str:
+def to_hf(items: str, **options: str) -> str:
+  """The reverse conversion, in this process: what `--direction=to_huggingface` runs with the binary's defaults
+  (ReverseOptions: 5GB shards, 128 MiB read ahead; one process) and `options` (max_shard_size, hf_config_path),
+  without a converter start-up per cell."""
   out = os.path.join(harness.scratch_dir("back-"), "hf")
-  harness.run_converter("--direction=to_huggingface", f"--checkpoint_path={items}", f"--output_dir={out}", *flags)
+  to_huggingface.convert_to_huggingface(items, out, ReverseOptions(**options))
   return out
 
 
@@ -195,7 +204,7 @@ class RoundTripTest(parameterized.TestCase):
     items = to_maxtext(model_dir, "--save_dtype=float32", f"--simulated_cpu_devices_count={devices}",
                        f"--scan_layers={scan}", f"--lazy_load_tensors={lazy}")
     sharded = devices == 16  # 16-device cells also exercise --max_shard_size (several shards + index).
-    back = to_hf(items, *(["--max_shard_size=1MB"] if sharded else []))
+    back = to_hf(items, **({"max_shard_size": "1MB"} if sharded else {}))
     stats = self.assert_round_trip(model_dir, items, back)
     self.assert_config(model_dir, back, "float32")
     self.assert_layout(back, sharded)
@@ -238,7 +247,7 @@ class RoundTripTest(parameterized.TestCase):
     else:
       self.assertEqual(arrays["decoder/layers_3/moe_block/wi_1"], (8, 128, 48))
       self.assertEqual(arrays["decoder/layers_3/moe_block/gate/kernel"], (128, 8))
-    back = to_hf(items, "--max_shard_size=500KB")
+    back = to_hf(items, max_shard_size="500KB")
     stats = self.assert_round_trip(model_dir, items, back)
     self.assertEqual(stats["inexact_tensors"], 0)  # Qwen3 scales queries at run time: everything bit-identical.
     self.assert_config(model_dir, back, "float32")
@@ -256,33 +265,6 @@ class RoundTripTest(parameterized.TestCase):
     back = to_hf(items)
     self.assert_round_trip(model_dir, items, back)
     self.assertLessEqual(float(np.max(np.abs(_logits(back) - reference))), FLOAT32_MAX_LOGITS_DIFF)
-
-  def test_every_op_inverts(self):
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((96, 40)).astype(np.float32)
-    recipes = [
-        ops.to_heads_kernel(40, 2, 48) + (ops.InterleaveRope(), ops.ScaleInFloat32(1 / np.sqrt(48))),
-        ops.to_out_kernel(96, 2, 20), (ops.PadRows(100),), (ops.Transpose(), ops.PadColumns(99)),
-        (ops.ScaleInFloat32(0.125),), (ops.AddInFloat32(1.0),),
-    ]
-    for dtype in (np.float32, ml_dtypes.bfloat16):
-      for recipe in recipes:
-        value = x.astype(dtype)
-        for op in recipe:
-          value = op(value)
-        self.assertEqual(value.shape, ops.output_shape(recipe, x.shape))
-        for op in ops.inverse_ops(recipe, x.shape):
-          value = op(value)
-        original = x.astype(dtype)
-        self.assertEqual((value.shape, value.dtype), (original.shape, original.dtype), recipe)
-        if ops.is_exact(recipe):
-          self.assertEqual(value.tobytes(), original.tobytes(), recipe)
-        elif any(isinstance(op, ops.AddInFloat32) for op in recipe):
-          # x + 1 - 1 keeps the precision of 1 + |x|, not of x: within one ulp of 1 + |x|.
-          wide = original.astype(np.float32)
-          self.assertTrue(np.all(np.abs(value.astype(np.float32) - wide) <= spacing(1 + np.abs(wide), dtype)), recipe)
-        else:
-          self.assertLessEqual(float(ulps(value, original).max()), 1.0, recipe)
 
   def test_reads_one_slice_at_a_time(self):
     from unittest import mock  # pylint: disable=g-import-not-at-top
@@ -379,7 +361,7 @@ class RoundTripTest(parameterized.TestCase):
     with open(metadata_path, "w") as f:
       json.dump(metadata, f)
     self.assert_fails_leaving_nothing(items, expect=("--hf_config_path", "_CHECKPOINT_METADATA"))
-    back = to_hf(items, f"--hf_config_path={model_dir}/config.json")
+    back = to_hf(items, hf_config_path=f"{model_dir}/config.json")
     self.assert_round_trip(model_dir, items, back, hf_config_path=f"{model_dir}/config.json")
     self.assertLessEqual(float(np.max(np.abs(_logits(back) - reference))), FLOAT32_MAX_LOGITS_DIFF)
 
@@ -437,16 +419,19 @@ class RoundTripTest(parameterized.TestCase):
     self.assertNotEqual(result.returncode, 0)
     self.assertIn("--scan_layers, --resume apply to --direction=to_maxtext only", result.stderr)
 
-  def test_max_shard_size_parsing(self):
-    self.assertEqual(safetensors_output.parse_size("5GB"), 5 * 10**9)
-    self.assertEqual(safetensors_output.parse_size("500MB"), 500 * 10**6)
-    self.assertEqual(safetensors_output.parse_size("2GiB"), 2 * 2**30)
-    self.assertEqual(safetensors_output.parse_size("1.5 kb"), 1500)
-    self.assertEqual(safetensors_output.parse_size(12345), 12345)
-    for bad in ("", "5XB", "-1GB", "0"):
-      with self.assertRaises(safetensors_output.ConversionError):
-        safetensors_output.parse_size(bad)
 
+# The cases that share a tiny model run in one shard (each model built once): the grid cells by the model in their
+# name, the named tests by the model they read.
+SHARD_GROUPS = harness.model_group(
+    r"test_(?:(?:float32|bfloat16)_round_trip_(.+?)(?:_devices\d+_.*)?|(qwen3_30b_a3b)_roundtrip_conversion_.*)$",
+    {"test_padded_vocab_is_cropped_back": "llama3", "test_reads_one_slice_at_a_time": "qwen3_moe",
+     "test_large_tensors_come_back_a_slab_of_rows_at_a_time0": "llama3",
+     "test_large_tensors_come_back_a_slab_of_rows_at_a_time1": "qwen3_moe",
+     "test_large_tensors_come_back_a_slab_of_rows_at_a_time2": "deepseek3",
+     **{name: "qwen3" for name in ("test_checkpoint_without_hf_config_needs_hf_config_path",
+                                   "test_damaged_chunk_fails_naming_the_leaf", "test_wrong_family_is_refused",
+                                   "test_existing_output_needs_overwrite",
+                                   "test_the_budget_flag_applies_to_the_reverse_direction_and_forward_only_flags_are_refused")}})
 
 if __name__ == "__main__":
-  absltest.main()
+  absltest.main(testLoader=harness.GroupShardingLoader(SHARD_GROUPS))

@@ -1,0 +1,62 @@
+"""Every op recipe the families use comes back through `ops.inverse_ops`: bit for bit where `ops.is_exact` says
+so, within one unit in the last place otherwise (float32 and bfloat16).
+
+The reverse conversion (MaxText -> HF) is built from these inverses, so an inverse that drifts would corrupt every
+round trip; this checks them on their own, without a checkpoint or JAX.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+from absl.testing import absltest
+
+from converter import ops
+
+
+def spacing(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
+  """One unit in the last place of `x` (float32 values) in `dtype` (float32 or bfloat16)."""
+  units = np.spacing(np.abs(x.astype(np.float32)))
+  if np.dtype(dtype) == np.dtype(ml_dtypes.bfloat16):
+    units = units * 2.0**16  # bfloat16 keeps 16 fewer significand bits than float32 (normal numbers).
+  return units
+
+
+def ulps(x: np.ndarray, reference: np.ndarray) -> np.ndarray:
+  """|x - reference| in units in the last place of `reference`, in `reference`'s dtype."""
+  wide = reference.astype(np.float32)
+  return np.abs(x.astype(np.float32) - wide) / spacing(wide, reference.dtype)
+
+
+class OpsTest(absltest.TestCase):
+
+  def test_every_op_inverts(self):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((96, 40)).astype(np.float32)
+    recipes = [
+        ops.to_heads_kernel(40, 2, 48) + (ops.InterleaveRope(), ops.ScaleInFloat32(1 / np.sqrt(48))),
+        ops.to_out_kernel(96, 2, 20), (ops.PadRows(100),), (ops.Transpose(), ops.PadColumns(99)),
+        (ops.ScaleInFloat32(0.125),), (ops.AddInFloat32(1.0),),
+    ]
+    for dtype in (np.float32, ml_dtypes.bfloat16):
+      for recipe in recipes:
+        value = x.astype(dtype)
+        for op in recipe:
+          value = op(value)
+        self.assertEqual(value.shape, ops.output_shape(recipe, x.shape))
+        for op in ops.inverse_ops(recipe, x.shape):
+          value = op(value)
+        original = x.astype(dtype)
+        self.assertEqual((value.shape, value.dtype), (original.shape, original.dtype), recipe)
+        if ops.is_exact(recipe):
+          self.assertEqual(value.tobytes(), original.tobytes(), recipe)
+        elif any(isinstance(op, ops.AddInFloat32) for op in recipe):
+          # x + 1 - 1 keeps the precision of 1 + |x|, not of x: within one ulp of 1 + |x|.
+          wide = original.astype(np.float32)
+          self.assertTrue(np.all(np.abs(value.astype(np.float32) - wide) <= spacing(1 + np.abs(wide), dtype)), recipe)
+        else:
+          self.assertLessEqual(float(ulps(value, original).max()), 1.0, recipe)
+
+
+if __name__ == "__main__":
+  absltest.main()
