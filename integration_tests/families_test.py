@@ -16,6 +16,7 @@ harness.start_jax()
 
 import numpy as np  # pylint: disable=g-import-not-at-top,g-bad-import-order
 
+from converter.output.record import ConversionRecord  # pylint: disable=g-import-not-at-top
 from tools import checkpoint_io, tiny_models, validate_lib  # pylint: disable=g-import-not-at-top
 
 THRESHOLDS = validate_lib.Thresholds(max_abs_diff=1e-4, min_cosine=0.99999, min_argmax_agreement=1.0)
@@ -76,8 +77,8 @@ class FamiliesTest(parameterized.TestCase):
     model_dir, reference = tiny_model(model)
     items = convert(model_dir, f"--simulated_cpu_devices_count={devices}", f"--scan_layers={scan}",
                     *tiny_models.TINY_MODELS[model].converter_flags)
-    info = checkpoint_io.custom_metadata(items)["hf2maxtext"]
-    self.assertEqual((info["family"], info["target_model"]), (family, target))
+    record = ConversionRecord.read(items)
+    self.assertEqual((record.family, record.target_model), (family, target))
     report = validate_lib.validate(model_dir, items, reference=reference)
     self.assertEqual(report.failures(THRESHOLDS), [], report)
 
@@ -123,7 +124,7 @@ class FamiliesTest(parameterized.TestCase):
     np.testing.assert_array_equal(embedding[509:], 0)
     report = validate_lib.validate(model_dir, items, reference=reference)
     self.assertEqual(report.failures(THRESHOLDS), [], report)
-    overrides = checkpoint_io.custom_metadata(items)["hf2maxtext"]["maxtext_overrides"]
+    overrides = ConversionRecord.read(items).maxtext_overrides
     self.assertEqual((overrides["vocab_size"], overrides["logits_via_embedding"]), (512, True))
 
   @parameterized.named_parameters(("tied_flag_with_lm_head", True), ("untied_flag_without_lm_head", False))

@@ -23,6 +23,7 @@ from integration_tests import fixtures, harness
 harness.start_jax()
 
 from handlers import LazyTensor, WriteOptions, streaming  # pylint: disable=g-import-not-at-top
+from converter.output.record import ConversionRecord  # pylint: disable=g-import-not-at-top
 from tools import checkpoint_io  # pylint: disable=g-import-not-at-top
 
 
@@ -76,8 +77,8 @@ class GcsTest(parameterized.TestCase):
     diffs = checkpoint_io.trees_bit_identical(checkpoint_io.restore_v0(os.path.join(copy, "0", "items")),
                                               checkpoint_io.restore_v0(os.path.join(local_out, "0", "items")))
     self.assertEqual(diffs, [])
-    self.assertEqual(checkpoint_io.custom_metadata(os.path.join(copy, "0", "items"))["hf2maxtext"]["family"],
-                     checkpoint_io.custom_metadata(os.path.join(local_out, "0", "items"))["hf2maxtext"]["family"])
+    self.assertEqual(ConversionRecord.read(os.path.join(copy, "0", "items")).family,
+                     ConversionRecord.read(os.path.join(local_out, "0", "items")).family)
 
   @parameterized.parameters(1, 16)
   def test_bucket_to_bucket_equals_local(self, devices):

@@ -27,6 +27,7 @@ import ml_dtypes  # pylint: disable=g-import-not-at-top,g-bad-import-order
 import numpy as np  # pylint: disable=g-import-not-at-top,g-bad-import-order
 from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
 
+from converter.output.record import ConversionRecord  # pylint: disable=g-import-not-at-top
 from tools import checkpoint_io, quantize, tiny_models, validate_lib  # pylint: disable=g-import-not-at-top
 from tools.safetensors_writer import write_safetensors  # pylint: disable=g-import-not-at-top
 
@@ -72,8 +73,7 @@ class QuantizedTest(parameterized.TestCase):
                     f"--scan_layers={scan}")
     report = validate_lib.validate(reference_dir, items, reference=reference)
     self.assertEqual(report.failures(THRESHOLDS), [], report)
-    info = checkpoint_io.custom_metadata(items)["hf2maxtext"]
-    self.assertEqual(info["quant_method"], fmt.rsplit("_", 1)[-1])
+    self.assertEqual(ConversionRecord.read(items).quant_method, fmt.rsplit("_", 1)[-1])
 
   @parameterized.product(fmt=FORMATS, save_dtype=("float32", "bfloat16"))
   def test_every_leaf_equals_the_numpy_dequantization(self, fmt, save_dtype):
@@ -148,7 +148,7 @@ class NativeFp8Test(parameterized.TestCase):
       self.assertEqual(kernels[key].nbytes * 4, plain_leaves[key].nbytes)
     dequantized = validate_lib.dequantize_fp8_leaves(native)
     self.assertEqual(checkpoint_io.trees_bit_identical(dequantized, plain), [])
-    overrides = checkpoint_io.custom_metadata(native_items)["hf2maxtext"]["maxtext_overrides"]
+    overrides = ConversionRecord.read(native_items).maxtext_overrides
     self.assertEqual((overrides["weight_dtype"], overrides["weight_block_size"]), ("float8_e4m3fn", 32))
     self.assertIn("in_proj_ba", overrides["unquantized_modules"])
 

@@ -40,6 +40,8 @@ from absl import app, flags  # noqa: E402
 
 import numpy as np  # noqa: E402
 
+from converter.output.record import ConversionRecord  # noqa: E402
+
 FLAGS = flags.FLAGS
 
 flags.DEFINE_string(
@@ -125,11 +127,10 @@ def _maxtext_env() -> dict:
 
 
 def recorded_overrides(out_dir: str) -> tuple[dict, str]:
-  with open(os.path.join(out_dir, "0", "_CHECKPOINT_METADATA"), encoding="utf-8") as f:
-    info = (json.load(f).get("custom_metadata") or {}).get("hf2maxtext") or {}
-  if "maxtext_overrides" not in info:
+  record = ConversionRecord.read(os.path.join(out_dir, "0", "items"))
+  if record.maxtext_overrides is None:
     raise RuntimeError("the checkpoint's custom_metadata records no hf2maxtext.maxtext_overrides")
-  return info["maxtext_overrides"], info.get("target_model", "")
+  return record.maxtext_overrides, record.target_model or ""
 
 
 # A warning line as Python's logging (absl not initialised: "WARNING:absl:...") or absl ("W1203 12:00:00.0 ...")
