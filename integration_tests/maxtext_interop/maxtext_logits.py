@@ -328,5 +328,39 @@ def main(argv=None) -> int:
   return run_logits(args, overrides)
 
 
+def serve(responses_fd: int) -> int:
+  """`--serve=FD`: one case after another in this one process (MaxText's import, about 7 s, paid once), each read
+  from standard input as a JSON line {"argv": [...], "log": path}; the case's standard output and error (Python's
+  and the native libraries') go to its log, and {"returncode": N} is written as one line to FD when it is done."""
+  import traceback  # pylint: disable=import-outside-toplevel
+
+  for line in sys.stdin:
+    request = json.loads(line)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with open(request["log"], "a", encoding="utf-8") as log:
+      os.dup2(log.fileno(), 1)
+      os.dup2(log.fileno(), 2)
+      try:
+        returncode = main(request["argv"])
+      except SystemExit as e:
+        returncode = e.code if isinstance(e.code, int) else 1
+      except Exception:  # pylint: disable=broad-except
+        traceback.print_exc()
+        returncode = 1
+      finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        os.close(saved[0])
+        os.close(saved[1])
+    os.write(responses_fd, (json.dumps({"returncode": returncode}) + "\n").encode())
+  return 0
+
+
 if __name__ == "__main__":
+  if len(sys.argv) == 2 and sys.argv[1].startswith("--serve="):
+    sys.exit(serve(int(sys.argv[1].split("=", 1)[1])))
   sys.exit(main())

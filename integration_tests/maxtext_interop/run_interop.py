@@ -24,7 +24,9 @@ import concurrent.futures
 import dataclasses
 import json
 import os
+import queue
 import re
+import select
 import shutil
 import subprocess
 import sys
@@ -113,6 +115,64 @@ def _run(cmd: list[str], log: str, env: dict) -> int:
       return 124
 
 
+class _MaxTextWorker:
+  """A `maxtext_logits.py --serve` process: MaxText imported once, then one case after another."""
+
+  def __init__(self):
+    read_fd, write_fd = os.pipe()
+    self.process = subprocess.Popen([FLAGS.maxtext_python, HARNESS, f"--serve={write_fd}"], stdin=subprocess.PIPE,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_maxtext_env(),
+                                    cwd=ROOT, pass_fds=(write_fd,), text=True)
+    os.close(write_fd)
+    self.responses = os.fdopen(read_fd, "r")
+
+  def run(self, args: list[str], log: str) -> int | None:
+    """The case's exit status, or None when the worker died or ran past the case timeout (it is then stopped)."""
+    with open(log, "w", encoding="utf-8") as out:
+      out.write(f"$ {HARNESS} {' '.join(args)}  (in a reused MaxText process)\n")
+    try:
+      self.process.stdin.write(json.dumps({"argv": args, "log": log}) + "\n")
+      self.process.stdin.flush()
+      ready, _, _ = select.select([self.responses], [], [], FLAGS.case_timeout_s)
+      line = self.responses.readline() if ready else ""
+    except OSError:
+      line = ""
+    if not line:
+      self.close()
+      return None
+    return json.loads(line)["returncode"]
+
+  def close(self) -> None:
+    if self.process.poll() is None:
+      self.process.stdin.close()
+      try:
+        self.process.wait(timeout=30)
+      except subprocess.TimeoutExpired:
+        self.process.kill()
+        self.process.wait()
+    self.responses.close()
+
+
+_idle_workers: "queue.SimpleQueue[_MaxTextWorker]" = queue.SimpleQueue()
+_all_workers: list[_MaxTextWorker] = []
+
+
+def _run_maxtext(args: list[str], log: str) -> int:
+  """maxtext_logits.py with `args`, in a reused MaxText process (one per job). A case that fails there runs again
+  as a process of its own, whose verdict and log stand: a failure is never an artefact of the reuse."""
+  try:
+    worker = _idle_workers.get_nowait()
+  except queue.Empty:
+    worker = _MaxTextWorker()
+    _all_workers.append(worker)
+  returncode = worker.run(args, log)
+  if worker.process.poll() is None:
+    _idle_workers.put(worker)
+  if returncode == 0:
+    return 0
+  return _run([FLAGS.maxtext_python, HARNESS, *args], log, _maxtext_env())
+
+
 def _converter_env() -> dict:
   env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2")
   env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -175,9 +235,8 @@ def run_case(case: Case) -> Case:
       json.dump(overrides, f, indent=1, sort_keys=True)
     logits_path = os.path.join(case.work, "maxtext_logits.npy")
     log = os.path.join(case.work, "maxtext.log")
-    rc = _run([FLAGS.maxtext_python, HARNESS, f"--checkpoint={os.path.join(out_dir, '0', 'items')}",
-               f"--model_name={case.maxtext_model}", f"--overrides=@{overrides_path}", f"--token_ids={case.ids_path}",
-               f"--output={logits_path}"], log, _maxtext_env())
+    rc = _run_maxtext([f"--checkpoint={os.path.join(out_dir, '0', 'items')}", f"--model_name={case.maxtext_model}",
+                       f"--overrides=@{overrides_path}", f"--token_ids={case.ids_path}", f"--output={logits_path}"], log)
     if rc != 0:
       why = {3: "parameter tree differs from MaxText's", 124: "timed out"}.get(rc, f"maxtext_logits.py exited {rc}")
       case.error = f"{why}:\n{_tail(log, 40 if rc == 3 else 15)}"
@@ -312,6 +371,8 @@ def main(argv: list[str]) -> int:
         cases.append(case)
         futures.append(pool.submit(lambda c: report(run_case(c)) or c, case))
     concurrent.futures.wait(futures)
+  for worker in _all_workers:
+    worker.close()
 
   passed = sum(c.passed for c in cases)
   failed = len(cases) - passed
