@@ -12,20 +12,7 @@ import numpy as np
 from absl.testing import absltest
 
 from converter import ops
-
-
-def spacing(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
-  """One unit in the last place of `x` (float32 values) in `dtype` (float32 or bfloat16)."""
-  units = np.spacing(np.abs(x.astype(np.float32)))
-  if np.dtype(dtype) == np.dtype(ml_dtypes.bfloat16):
-    units = units * 2.0**16  # bfloat16 keeps 16 fewer significand bits than float32 (normal numbers).
-  return units
-
-
-def ulps(x: np.ndarray, reference: np.ndarray) -> np.ndarray:
-  """|x - reference| in units in the last place of `reference`, in `reference`'s dtype."""
-  wide = reference.astype(np.float32)
-  return np.abs(x.astype(np.float32) - wide) / spacing(wide, reference.dtype)
+from tools.ulps import spacing, ulps
 
 
 class OpsTest(absltest.TestCase):

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import atexit
-import json
 import os
 import re
-import select
 import subprocess
 import sys
 import tempfile
@@ -15,6 +13,7 @@ from typing import Any, Callable, Sequence
 from absl.testing import absltest
 
 import converter
+from tools.reused_process import ReusedProcess
 
 CONVERTER_MAIN = os.path.join(os.path.dirname(converter.__file__), "main.py")
 REPO_ROOT = os.path.dirname(os.path.dirname(converter.__file__))
@@ -74,36 +73,18 @@ class _Worker:
   """A converter_worker.py child: conversions with one simulated device count, one after another."""
 
   def __init__(self):
-    read_fd, write_fd = os.pipe()
-    self.process = subprocess.Popen([sys.executable, os.path.join(os.path.dirname(__file__), "converter_worker.py"),
-                                     str(write_fd)], stdin=subprocess.PIPE, env=converter_env(), pass_fds=(write_fd,),
-                                    text=True)
-    os.close(write_fd)
-    self.responses = os.fdopen(read_fd, "r")
+    worker = os.path.join(os.path.dirname(__file__), "converter_worker.py")
+    self.child = ReusedProcess(lambda fd: [sys.executable, worker, str(fd)], converter_env())
 
   def run(self, flags: tuple[str, ...], timeout: float) -> subprocess.CompletedProcess | None:
     """The conversion's result, or None when the worker is gone or too slow (it is then stopped)."""
     out = scratch_dir("worker-")
     stdout, stderr = os.path.join(out, "stdout"), os.path.join(out, "stderr")
-    try:
-      self.process.stdin.write(json.dumps({"argv": list(flags), "stdout": stdout, "stderr": stderr}) + "\n")
-      self.process.stdin.flush()
-      ready, _, _ = select.select([self.responses], [], [], timeout)
-      line = self.responses.readline() if ready else ""
-    except OSError:
-      line = ""
-    if not line:
-      self.close()
+    answer = self.child.request({"argv": list(flags), "stdout": stdout, "stderr": stderr}, timeout)
+    if answer is None:
       return None
     with open(stdout) as f_out, open(stderr) as f_err:
-      return subprocess.CompletedProcess(converter_command(*flags), json.loads(line)["returncode"], f_out.read(),
-                                         f_err.read())
-
-  def close(self) -> None:
-    if self.process.poll() is None:
-      self.process.kill()
-    self.process.wait()
-    self.responses.close()
+      return subprocess.CompletedProcess(converter_command(*flags), answer["returncode"], f_out.read(), f_err.read())
 
 
 _workers: dict[str, _Worker] = {}
@@ -112,7 +93,7 @@ _workers: dict[str, _Worker] = {}
 @atexit.register
 def _close_workers() -> None:
   for worker in _workers.values():
-    worker.close()
+    worker.child.close()
   _workers.clear()
 
 
@@ -126,7 +107,7 @@ def run_conversion(*flags: str) -> subprocess.CompletedProcess:
   devices = next((f.split("=", 1)[1] for f in reversed(flags) if f.startswith("--simulated_cpu_devices_count=")),
                  "default")
   worker = _workers.get(devices)
-  if worker is None or worker.process.poll() is not None:
+  if worker is None or not worker.child.alive:
     worker = _workers[devices] = _Worker()
   result = worker.run(flags, timeout=900)
   if result is not None and result.returncode == 0:

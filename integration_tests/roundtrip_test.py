@@ -36,13 +36,13 @@ from integration_tests import harness
 
 harness.start_jax()
 
-import ml_dtypes  # pylint: disable=g-import-not-at-top,g-bad-import-order
 import numpy as np  # pylint: disable=g-import-not-at-top,g-bad-import-order
 
 from converter import ops, reverse_plan, to_huggingface  # pylint: disable=g-import-not-at-top
 from converter.checkpoint_reader import CheckpointReader  # pylint: disable=g-import-not-at-top
 from converter.options import ReverseOptions  # pylint: disable=g-import-not-at-top
 from tools import tiny_models, validate_lib  # pylint: disable=g-import-not-at-top
+from tools.ulps import spacing, ulps  # pylint: disable=g-import-not-at-top
 
 FULL_GRID_MODELS = ("qwen3", "qwen3_moe", "llama3.1")
 QWEN3_30B_A3B = "qwen3_30b_a3b_tiny"  # Has its own test below, by name.
@@ -121,20 +121,6 @@ def to_hf(items: str, **options: str) -> str:
   out = os.path.join(harness.scratch_dir("back-"), "hf")
   to_huggingface.convert_to_huggingface(items, out, ReverseOptions(**options))
   return out
-
-
-def spacing(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
-  """One unit in the last place of `x` (float32 values) in `dtype` (float32 or bfloat16)."""
-  units = np.spacing(np.abs(x.astype(np.float32)))
-  if np.dtype(dtype) == np.dtype(ml_dtypes.bfloat16):
-    units = units * 2.0**16  # bfloat16 keeps 16 fewer significand bits than float32 (normal numbers).
-  return units
-
-
-def ulps(x: np.ndarray, reference: np.ndarray) -> np.ndarray:
-  """|x - reference| in units in the last place of `reference`, in `reference`'s dtype."""
-  wide = reference.astype(np.float32)
-  return np.abs(x.astype(np.float32) - wide) / spacing(wide, reference.dtype)
 
 
 class RoundTripTest(parameterized.TestCase):

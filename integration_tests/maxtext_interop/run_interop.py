@@ -26,7 +26,6 @@ import json
 import os
 import queue
 import re
-import select
 import shutil
 import subprocess
 import sys
@@ -43,6 +42,7 @@ from absl import app, flags  # noqa: E402
 import numpy as np  # noqa: E402
 
 from converter.output.record import ConversionRecord  # noqa: E402
+from tools.reused_process import ReusedProcess  # noqa: E402
 
 FLAGS = flags.FLAGS
 
@@ -115,46 +115,8 @@ def _run(cmd: list[str], log: str, env: dict) -> int:
       return 124
 
 
-class _MaxTextWorker:
-  """A `maxtext_logits.py --serve` process: MaxText imported once, then one case after another."""
-
-  def __init__(self):
-    read_fd, write_fd = os.pipe()
-    self.process = subprocess.Popen([FLAGS.maxtext_python, HARNESS, f"--serve={write_fd}"], stdin=subprocess.PIPE,
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_maxtext_env(),
-                                    cwd=ROOT, pass_fds=(write_fd,), text=True)
-    os.close(write_fd)
-    self.responses = os.fdopen(read_fd, "r")
-
-  def run(self, args: list[str], log: str) -> int | None:
-    """The case's exit status, or None when the worker died or ran past the case timeout (it is then stopped)."""
-    with open(log, "w", encoding="utf-8") as out:
-      out.write(f"$ {HARNESS} {' '.join(args)}  (in a reused MaxText process)\n")
-    try:
-      self.process.stdin.write(json.dumps({"argv": args, "log": log}) + "\n")
-      self.process.stdin.flush()
-      ready, _, _ = select.select([self.responses], [], [], FLAGS.case_timeout_s)
-      line = self.responses.readline() if ready else ""
-    except OSError:
-      line = ""
-    if not line:
-      self.close()
-      return None
-    return json.loads(line)["returncode"]
-
-  def close(self) -> None:
-    if self.process.poll() is None:
-      self.process.stdin.close()
-      try:
-        self.process.wait(timeout=30)
-      except subprocess.TimeoutExpired:
-        self.process.kill()
-        self.process.wait()
-    self.responses.close()
-
-
-_idle_workers: "queue.SimpleQueue[_MaxTextWorker]" = queue.SimpleQueue()
-_all_workers: list[_MaxTextWorker] = []
+_idle_workers: "queue.SimpleQueue[ReusedProcess]" = queue.SimpleQueue()
+_all_workers: list[ReusedProcess] = []
 
 
 def _run_maxtext(args: list[str], log: str) -> int:
@@ -163,12 +125,14 @@ def _run_maxtext(args: list[str], log: str) -> int:
   try:
     worker = _idle_workers.get_nowait()
   except queue.Empty:
-    worker = _MaxTextWorker()
+    worker = ReusedProcess(lambda fd: [FLAGS.maxtext_python, HARNESS, f"--serve={fd}"], _maxtext_env(), cwd=ROOT)
     _all_workers.append(worker)
-  returncode = worker.run(args, log)
-  if worker.process.poll() is None:
+  with open(log, "w", encoding="utf-8") as out:
+    out.write(f"$ {HARNESS} {' '.join(args)}  (in a reused MaxText process)\n")
+  answer = worker.request({"argv": args, "log": log}, FLAGS.case_timeout_s)
+  if worker.alive:
     _idle_workers.put(worker)
-  if returncode == 0:
+  if answer is not None and answer["returncode"] == 0:
     return 0
   return _run([FLAGS.maxtext_python, HARNESS, *args], log, _maxtext_env())
 
