@@ -15,6 +15,7 @@ import threading
 import time
 from typing import ContextManager, Sequence
 
+from converter import storage
 from converter.errors import ConversionError
 from converter.output import layout
 from converter.output import lock as lock_lib
@@ -37,7 +38,7 @@ class LocalLock:
   def acquire(self) -> None:
     import fcntl  # pylint: disable=g-import-not-at-top
 
-    _make_dirs(os.path.dirname(self.path))
+    storage.make_dirs(os.path.dirname(self.path))
     while True:
       try:
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -108,13 +109,6 @@ class LocalJournal:
       self._file.flush()
       os.fsync(self._file.fileno())
       self._file.close()
-
-
-def _make_dirs(path: str) -> None:
-  try:
-    os.makedirs(path, exist_ok=True)
-  except OSError as e:
-    raise ConversionError(f"{path}: cannot create directory: {e}") from e
 
 
 def sync(path: str) -> None:

@@ -72,17 +72,17 @@ class MaxTextOutput:
           resume.with_salvage(plan, salvage) if salvage else plan, self._destination, options,
           custom_metadata=record.custom_metadata(), on_block_written=block_written, cancel=run.cancel,
           processes=processes)
-    except ConversionError as e:
-      if journal is not None and resume.park(self._destination, journal):
+    except BaseException as e:
+      # A lazy save's work is parked for --resume; an eager one's is never a loadable checkpoint: dropped.
+      kept = journal is not None and resume.park(self._destination, journal)
+      if journal is None and processes.is_primary:
+        self._remove_unfinished()
+      if not isinstance(e, ConversionError):
+        raise
+      if kept:
         raise ConversionError(f"{e}; nothing was committed, and what was written is kept: rerun with --resume"
                               " to continue") from e
-      self._discard_unfinished(journal)
       raise ConversionError(f"{e}; nothing was committed") from e
-    except BaseException:
-      if journal is not None:
-        resume.park(self._destination, journal)
-      self._discard_unfinished(journal)
-      raise
 
     def drop_salvage() -> None:
       if journal is not None:
@@ -106,11 +106,6 @@ class MaxTextOutput:
     if not keep_unfinished:
       self._remove_unfinished()
     self._destination.check_writable()
-
-  def _discard_unfinished(self, journal) -> None:
-    """After a failed save without a journal (an eager one): what it left is never a loadable checkpoint."""
-    if journal is None and self._run.processes.is_primary:
-      self._remove_unfinished()
 
   def _remove_unfinished(self) -> None:
     for path in self._destination.unfinished_steps():
