@@ -28,7 +28,7 @@ class ConversionResult:
 def plan_conversion(hf_model_path: str, options: PlanOptions) -> Plan:
   """Everything checkable from config.json and the safetensors headers, before a byte is written."""
   config = load_model_config(hf_model_path)
-  model = families.resolve(config, target_model=options.target_model)
+  model = families.resolve(config, target_model=options.target_model, text_only=options.text_only)
   sources.check_quantization(config.raw, config.path)
   plan = build_plan(sources.open_source(hf_model_path, config.raw, config.path), model, options)
   for warning in plan.warnings:

@@ -53,6 +53,8 @@ flags.DEFINE_integer("max_inflight_bytes", 128 << 20, "Most bytes of materialise
 flags.DEFINE_boolean("dry_run", False, "Read only config.json and the safetensors headers; print the plan and exit.")
 flags.DEFINE_boolean("verify", False, "After saving, re-read every leaf block by block and compare with the source.")
 flags.DEFINE_boolean("resume", False, "Continue an interrupted conversion into OUTPUT_DIR from what it wrote durably.")
+flags.DEFINE_boolean("text_only", False, "Multimodal checkpoints: convert the text decoder alone, skipping the vision"
+                     " (and audio) towers and projectors; MaxText then runs it with use_multimodal=false.")
 flags.DEFINE_boolean("keep_fp8", False, "FP8 checkpoints: keep the FP8 kernels and write their block scales, as"
                      " MaxText's fp8 models hold them (e.g. qwen3.5-35b-a3b-fp8); half the bytes. Default: dequantize.")
 flags.DEFINE_enum("compression", "zstd", ["zstd", "none"], "Stored arrays' codec: zstd (Orbax's default, level 3)"
@@ -182,7 +184,7 @@ def _several_processes() -> bool:
 def _plan_options() -> PlanOptions:
   return PlanOptions(scan_layers=FLAGS.scan_layers, save_dtype=FLAGS.save_dtype, target_model=FLAGS.target_model,
                      target_vocab_size=FLAGS.target_vocab_size, allow_unused_tensors=FLAGS.allow_unused_tensors,
-                     keep_fp8=FLAGS.keep_fp8)
+                     keep_fp8=FLAGS.keep_fp8, text_only=FLAGS.text_only)
 
 
 def _run_to_maxtext() -> None:

@@ -82,8 +82,16 @@ def parse_model_config(raw: Any, path: str) -> ModelConfig:
   architectures = raw.get("architectures")
   if not isinstance(architectures, list) or not architectures or not isinstance(architectures[0], str):
     raise ConversionError(f"{path}: missing 'architectures' (e.g. [\"Qwen3ForCausalLM\"])")
-  text = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw
-  merged = {**raw, **text}
+  merged = dict(raw)
+  # A multimodal config nests the text decoder's dims (`text_config`), Qwen3-Omni one level deeper
+  # (`thinker_config.text_config`): the nested keys win, the outer ones (`vision_config`, ...) stay readable.
+  for key in ("thinker_config", "text_config"):
+    if isinstance(merged.get(key), dict):
+      merged = {**merged, **merged[key]}
+  # transformers ties the embeddings by the outermost config's key (Qwen3-VL-MoE: false at the top, while its
+  # text_config keeps the default true).
+  if "tie_word_embeddings" in raw:
+    merged["tie_word_embeddings"] = raw["tie_word_embeddings"]
   hidden = _positive_int(merged, "hidden_size", path)
   heads = _positive_int(merged, "num_attention_heads", path)
   head_dim = merged.get("head_dim")

@@ -51,6 +51,25 @@ class Transpose(Op):
 
 
 @dataclasses.dataclass(frozen=True)
+class Permute(Op):
+  """Axes reordered (`np.transpose(x, axes)`): conv kernels from torch's (out, in, *spatial) to MaxText's
+  (*spatial, in, out) and the like."""
+
+  axes: tuple[int, ...]
+
+  def shape(self, shape: Shape) -> Shape:
+    if sorted(self.axes) != list(range(len(shape))):
+      raise ValueError(f"cannot permute {tuple(shape)} by {self.axes}")
+    return tuple(shape[a] for a in self.axes)
+
+  def __call__(self, x: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(np.transpose(x, self.axes))
+
+  def inverse(self, input_shape: Shape) -> Op:
+    return Permute(tuple(int(a) for a in np.argsort(self.axes)))
+
+
+@dataclasses.dataclass(frozen=True)
 class Reshape(Op):
   new_shape: Shape
 

@@ -24,6 +24,7 @@ class OpsTest(absltest.TestCase):
         ops.to_heads_kernel(40, 2, 48) + (ops.InterleaveRope(), ops.ScaleInFloat32(1 / np.sqrt(48))),
         ops.to_out_kernel(96, 2, 20), (ops.PadRows(100),), (ops.Transpose(), ops.PadColumns(99)),
         (ops.ScaleInFloat32(0.125),), (ops.AddInFloat32(1.0),),
+        (ops.Reshape((2, 48, 2, 20)), ops.Permute((2, 3, 1, 0))),  # A conv kernel (O, I, kh, kw) -> HWIO.
     ]
     for dtype in (np.float32, ml_dtypes.bfloat16):
       for recipe in recipes:
@@ -43,6 +44,16 @@ class OpsTest(absltest.TestCase):
           self.assertTrue(np.all(np.abs(value.astype(np.float32) - wide) <= spacing(1 + np.abs(wide), dtype)), recipe)
         else:
           self.assertLessEqual(float(ulps(value, original).max()), 1.0, recipe)
+
+
+  def test_permute_reorders_axes_and_its_inverse_restores_them(self):
+    x = np.arange(2 * 3 * 4 * 5).reshape(2, 3, 4, 5)
+    op = ops.Permute((2, 3, 1, 0))
+    self.assertEqual(op.shape(x.shape), (4, 5, 3, 2))
+    self.assertEqual(op(x)[1, 2, 0, 1], x[1, 0, 1, 2])
+    self.assertEqual(op.inverse(x.shape), ops.Permute((3, 2, 0, 1)))
+    with self.assertRaisesRegex(ValueError, "cannot permute"):
+      op.shape((2, 3, 4))
 
 
 if __name__ == "__main__":

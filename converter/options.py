@@ -37,6 +37,7 @@ class PlanOptions:
   target_vocab_size: int | None = None  # Zero-pad the vocabulary to this size.
   allow_unused_tensors: bool = False
   keep_fp8: bool = False  # FP8 kernels kept beside their block scales (MaxText's fp8 models).
+  text_only: bool = False  # A multimodal checkpoint's text decoder alone, its towers skipped.
 
 
 @dataclasses.dataclass(frozen=True)

@@ -96,28 +96,53 @@ class Plan:
     return {"step": 0, "params": {"params": params}, "opt_state": {}}
 
 
-class _Sources:
-  """Source tensors by name, with the checks every lookup needs."""
+def layout_names(source: TensorSource, aliases: tuple[tuple[str, str], ...]) -> dict[str, Any]:
+  """The source's tensors under the names the family's layout uses: each stored name renamed by the first alias
+  (regex, replacement) that matches it. Two stored tensors landing on one name are refused, naming both."""
+  patterns = [(re.compile(pattern), replacement) for pattern, replacement in aliases]
+  named: dict[str, Any] = {}
+  for name, tensor in source.tensors.items():
+    layout_name = next((p.sub(r, name, count=1) for p, r in patterns if p.match(name)), name)
+    if layout_name in named:
+      other = next(n for n, t in source.tensors.items() if t is named[layout_name])
+      raise ConversionError(f"{source.location}: tensors {other!r} and {name!r} are two names of one weight"
+                            f" ({layout_name!r}); the checkpoint mixes two naming schemes")
+    named[layout_name] = tensor
+  return named
 
-  def __init__(self, source: TensorSource, config: ModelConfig, save_dtype: np.dtype):
+
+class _Sources:
+  """Source tensors by the layout's names, with the checks every lookup needs."""
+
+  def __init__(self, source: TensorSource, tensors: dict[str, Any], config: ModelConfig, save_dtype: np.dtype):
     self._source = source
+    self.tensors = tensors
     self._config = config
     self._dtype = save_dtype
     self.used: set[str] = set()
 
-  def has(self, name: str) -> bool:
-    return name in self._source.tensors
+  def shape(self, name: str) -> Shape | None:
+    """The stored shape of `name`, None when the checkpoint lacks it."""
+    tensor = self.tensors.get(name)
+    return None if tensor is None else tuple(tensor.shape)
+
+  def stored(self, names: list[str]) -> list[str]:
+    """The names the checkpoint stores these layout names' tensors under (what messages show)."""
+    return [self.tensors[n].name if n in self.tensors else n for n in names]
 
   def load(self, name: str, expected_shape: Shape, ops: tuple[Op, ...],
            lead: tuple[int, ...] = ()) -> tuple[FromTensor, Shape]:
-    tensor = self._source.tensors.get(name)
+    tensor = self.tensors.get(name)
     if tensor is None:
       raise ConversionError(
           f"{self._source.location}: tensor {name!r} is missing from the checkpoint"
-          f" ({len(self._source.tensors)} tensors in {len(self._source.files)} file(s));"
+          f" ({len(self.tensors)} tensors in {len(self._source.files)} file(s));"
           f" {self._config.architecture} with this config.json needs it"
       )
+    self.used.add(name)
     files = ", ".join(tensor.files)
+    if tensor.name != name:
+      name = f"{tensor.name}' (read as '{name}"
     if tensor.dtype not in FLOATING:
       raise ConversionError(
           f"{files}: tensor {name!r} has dtype {tensor.format}; only floating-point weights (F32, F16, BF16, F64)"
@@ -129,7 +154,6 @@ class _Sources:
           f"{files}: tensor {name!r} has shape {tuple(tensor.shape)}, but {self._config.path} implies"
           f" {tuple(expected_shape)}"
       )
-    self.used.add(name)
     part = tuple(tensor.shape[len(lead):])
     try:
       shape = output_shape(ops, part)
@@ -151,16 +175,16 @@ def _param_loader(sources: _Sources, param: Param, layer: int | None, dtype: np.
   if not param.experts:
     name = param.hf.format(layer=layer)
     loader, shape = sources.load(name, param.hf_shape, param.ops)
-    return loader, shape, [name]
+    return loader, shape, sources.stored([name])
   if param.experts_in_tensor:
     name = param.hf.format(layer=layer)
     parts = [sources.load(name, param.hf_shape, param.ops, lead=(e,)) for e in range(param.experts)]
     loader, shape = _stack(parts, 0, dtype)
-    return loader, shape, [name]
+    return loader, shape, sources.stored([name])
   names = [param.hf.format(layer=layer, expert=e) for e in range(param.experts)]
   parts = [sources.load(n, param.hf_shape, param.ops) for n in names]
   loader, shape = _stack(parts, 0, dtype)
-  return loader, shape, names
+  return loader, shape, sources.stored(names)
 
 
 def _leaf_loader(sources: _Sources, params: list[Param], layer: int | None,
@@ -192,7 +216,7 @@ def _by_leaf(params: tuple[Param, ...]) -> dict[str, list[Param]]:
 
 def _layer_leaves(sources: _Sources, layout: Layout, dtype: np.dtype) -> Iterator[Leaf]:
   for group in layout.groups:
-    group = group.resolved(sources.has)
+    group = group.resolved(sources.shape)
     for maxtext, params in _by_leaf(group.params).items():
       per_layer = {layer: _leaf_loader(sources, params, layer, dtype) for _, layer in group.positions()}
       names = tuple(dict.fromkeys(n for _, _, ns in per_layer.values() for n in ns))
@@ -211,17 +235,17 @@ def _layer_leaves(sources: _Sources, layout: Layout, dtype: np.dtype) -> Iterato
 LOGITS_KERNEL = "decoder/logits_dense/kernel"
 
 
-def check_tied_embeddings(source: TensorSource, config: ModelConfig, layout: Layout) -> None:
+def check_tied_embeddings(tensors: dict[str, Any], config: ModelConfig, layout: Layout) -> None:
   """A checkpoint whose `tie_word_embeddings` contradicts its tensors is refused, naming both."""
   heads = [p.hf for p in layout.top if p.maxtext == LOGITS_KERNEL]
   if config.tie_word_embeddings:
-    stored = sorted(n for n in source.tensors if n == "lm_head.weight" or n.endswith(".lm_head.weight"))
+    stored = sorted(n for n in tensors if n == "lm_head.weight" or n.endswith(".lm_head.weight"))
     if stored:
       raise ConversionError(
           f"{config.path}: tie_word_embeddings is true, but the checkpoint has its own {stored[0]!r}"
-          f" (in {', '.join(source.tensors[stored[0]].files)}); fix the flag or drop the tensor"
+          f" (in {', '.join(tensors[stored[0]].files)}); fix the flag or drop the tensor"
       )
-  elif heads and heads[0] not in source.tensors:
+  elif heads and heads[0] not in tensors:
     raise ConversionError(
         f"{config.path}: tie_word_embeddings is false (or unset), but the checkpoint has no {heads[0]!r};"
         " set tie_word_embeddings to true if the model shares its embedding"
@@ -240,17 +264,25 @@ def build_plan(source: TensorSource, model: ResolvedModel, options: PlanOptions)
         f"--target_vocab_size={target_vocab} is smaller than the checkpoint's vocab_size {config.vocab_size}"
     )
   warnings = model.warnings()
+  deepstack = dict(model.runtime.config.towers or ()).get("deepstack_visual_indexes_for_vit")
+  if scan_layers and deepstack:
+    raise ConversionError(
+        f"--scan_layers=true: {config.path}'s vision tower feeds deepstack features (vision_config."
+        f"deepstack_visual_indexes={list(deepstack)}) into the decoder, which MaxText 0.2.5 does only unscanned"
+        f" (configs/types.py refuses deepstack_visual_indexes_for_vit with scan_layers=true for {model.target});"
+        " convert with --scan_layers=false, or with --text_only for a text decoder that scans")
   layout = model.layout(target_vocab, scan_layers)
-  check_tied_embeddings(source, config, layout)
-  sources = _Sources(source, config, dtype)
+  tensors = layout_names(source, model.tensor_aliases())
+  check_tied_embeddings(tensors, config, layout)
+  sources = _Sources(source, tensors, config, dtype)
   leaves = []
   for maxtext, params in _by_leaf(layout.top).items():
     loader, shape, names = _leaf_loader(sources, params, None, dtype)
     leaves.append(Leaf(tuple(maxtext.split("/")), shape, dtype, tuple(names), loader))
   leaves.extend(_layer_leaves(sources, layout, dtype))
-  ignored = {re.compile(pattern): reason for pattern, reason in model.family.ignored_tensors(config).items()}
+  ignored = {re.compile(pattern): reason for pattern, reason in model.ignored_tensors().items()}
   skipped: dict[str, list[str]] = {}
-  for name in sorted(n for n in source.tensors if n not in sources.used):
+  for name in sorted(n for n in tensors if n not in sources.used):
     reason = next((r for p, r in ignored.items() if p.match(name)), None)
     if reason is not None:
       skipped.setdefault(reason, []).append(name)
@@ -259,11 +291,11 @@ def build_plan(source: TensorSource, model: ResolvedModel, options: PlanOptions)
       warnings.append(f"skipped {len(names)} tensor(s) ({', '.join(names[:2])}{' ...' if len(names) > 2 else ''}):"
                       f" {reason}")
   skipped_names = {n for names in skipped.values() for n in names}
-  unused = sorted(n for n in source.tensors if n not in sources.used and n not in skipped_names)
+  unused = sorted(n for n in tensors if n not in sources.used and n not in skipped_names)
   if unused:
     warnings.append(f"{len(unused)} unused tensor(s): {', '.join(unused[:5])}{' ...' if len(unused) > 5 else ''}")
   if unused and not options.allow_unused_tensors:
-    shown = ", ".join(f"{n!r} ({', '.join(source.tensors[n].files)})" for n in unused[:5])
+    shown = ", ".join(f"{n!r} ({', '.join(tensors[n].files)})" for n in unused[:5])
     raise ConversionError(
         f"{source.location}: {len(unused)} tensor(s) that {model.family.name} does not use: {shown}"
         f"{' ...' if len(unused) > 5 else ''}; the checkpoint may not match config.json"
@@ -277,6 +309,11 @@ def build_plan(source: TensorSource, model: ResolvedModel, options: PlanOptions)
 
 def _native_fp8(source: TensorSource, model: ResolvedModel, leaves: list[Leaf]) -> tuple[Fp8Output, list[Leaf]]:
   unquantized = model.family.fp8_unquantized_modules
+  if model.multimodal:
+    raise ConversionError(f"--keep_fp8: MaxText's fp8 models take no use_multimodal, so {model.target} cannot run"
+                          f" {model.config.path}'s towers in FP8; pass --target_model=<its -fp8 name> (or"
+                          " --text_only) to keep the text decoder's FP8 kernels alone, or convert without --keep_fp8"
+                          " (dequantized, towers included)")
   if unquantized is None:
     with_fp8 = sorted(f.name for f in families.FAMILIES if f.fp8_unquantized_modules is not None)
     raise ConversionError(f"--keep_fp8: MaxText has no fp8 model for {model.family.name} ({model.target}); families"

@@ -83,5 +83,31 @@ class PlanLoadersTest(parameterized.TestCase):
     self.assertEqual(lazy.block_shape, (64, 1, 4, 24))
 
 
+class LayoutNamesTest(absltest.TestCase):
+  """A family's aliases rename a checkpoint's other names for a tensor to the ones its layout uses."""
+
+  def _source(self, *names):
+    tensor = lambda name: mock.Mock(name=name, files=("model.safetensors",))
+    tensors = {n: tensor(n) for n in names}
+    for n, t in tensors.items():
+      t.name = n
+    return mock.Mock(location="/ckpt", tensors=tensors)
+
+  ALIASES = ((r"^model\.vision_tower\.(vision_model\.)?", "vision_tower.vision_model."),
+             (r"^vision_tower\.(?!vision_model\.)", "vision_tower.vision_model."))
+
+  def test_each_naming_lands_on_the_layout_name_and_keeps_its_stored_name(self):
+    for stored in ("vision_tower.vision_model.post_layernorm.weight", "vision_tower.post_layernorm.weight",
+                   "model.vision_tower.post_layernorm.weight", "model.vision_tower.vision_model.post_layernorm.weight"):
+      named = plan.layout_names(self._source(stored, "lm_head.weight"), self.ALIASES)
+      self.assertEqual(sorted(named), ["lm_head.weight", "vision_tower.vision_model.post_layernorm.weight"])
+      self.assertEqual(named["vision_tower.vision_model.post_layernorm.weight"].name, stored)
+
+  def test_two_names_of_one_weight_are_refused_naming_both(self):
+    source = self._source("vision_tower.post_layernorm.weight", "vision_tower.vision_model.post_layernorm.weight")
+    with self.assertRaisesRegex(plan.ConversionError, "vision_tower.post_layernorm.weight.*two names of one weight"):
+      plan.layout_names(source, self.ALIASES)
+
+
 if __name__ == "__main__":
   absltest.main()

@@ -94,6 +94,9 @@ class ReversePlan:
     return tuple(t.name for t in self.tensors if not t.exact)
 
 
+TOWER_SUBTREES = ("vision_encoder", "audio_encoder")  # MaxText's multimodal encoders, beside decoder/.
+
+
 def items_path_of(checkpoint_path: str) -> str:
   """OUT/0/items as given, or found below OUT/0 (a step directory)."""
   path = storage.resolve(checkpoint_path)
@@ -224,9 +227,6 @@ def plan_to_huggingface(
   warnings: list[str] = []
   if family and record.family and record.family != family:
     warnings.append(f"--family={family} overrides the checkpoint's recorded family {record.family!r}")
-  model = families.resolve(config, family=family or record.family, target_model=target_model or record.target_model)
-  fam, target = model.family, model.target
-
   if reader is None:
     from converter.checkpoint_reader import CheckpointReader  # pylint: disable=g-import-not-at-top
 
@@ -234,6 +234,14 @@ def plan_to_huggingface(
   params = {k[len(PARAMS):]: a for k, a in reader.arrays.items() if k[: len(PARAMS)] == PARAMS}
   if not params:
     raise ConversionError(f"{items_path}: no arrays under params/params (not a MaxText TrainState checkpoint)")
+  # The tree says whether the towers were converted (a checkpoint MaxText's trainer wrote records nothing).
+  towers = any(k[0] in TOWER_SUBTREES for k in params)
+  model = families.resolve(config, family=family or record.family, target_model=target_model or record.target_model,
+                           text_only=not towers)
+  fam, target = model.family, model.target
+  if towers and not model.multimodal:
+    raise ConversionError(f"{items_path}: the checkpoint holds {'/'.join(sorted({k[0] for k in params} & set(TOWER_SUBTREES)))}"
+                          f" leaves, but {fam.name} ({target}) with {source} has no towers to write them to")
   decoder = {k[1] for k in params if k[0] == "decoder" and len(k) > 1}
   if record.scan_layers is not None:
     scan_layers = record.scan_layers
@@ -327,6 +335,10 @@ def plan_to_huggingface(
   if inexact:
     warnings.append(f"{inexact} tensor(s) were transformed in float arithmetic (query scale, norm offset): undone"
                     " to within one unit in the last place, not bit for bit")
+  if model.skipped_towers is not None:
+    warnings.append(f"the checkpoint holds {config.architecture}'s text decoder only (converted with --text_only):"
+                    " its towers are not written, so transformers will report them missing; pass --hf_config_path"
+                    " with a text-only config.json to write a text model")
   if record.quant_method:
     warnings.append(f"the original checkpoint was {record.quant_method}-quantized; its weights come back"
                     f" dequantized ({dtypes[-1].name}) and config.json without quantization_config")

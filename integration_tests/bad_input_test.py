@@ -189,5 +189,56 @@ class BadInputTest(absltest.TestCase):
     self.assertNotIn("STEP_DIR_EXISTS", result.stdout)
 
 
+class BadMultimodalInputTest(absltest.TestCase):
+  """A multimodal checkpoint (Gemma 3's SigLIP tower) whose tower disagrees with its config, or lacks a part."""
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.good = tiny_models.build_tiny_model("gemma3_mm", harness.scratch_dir("good-mm-"))
+    cls.tensors = load_file(os.path.join(cls.good, SAFETENSORS))
+    with open(os.path.join(cls.good, "config.json")) as f:
+      cls.config = json.load(f)
+
+  def variant(self, *, config=None, tensors=None) -> str:
+    path = harness.scratch_dir("bad-mm-")
+    with open(os.path.join(path, "config.json"), "w") as f:
+      json.dump(self.config if config is None else config, f)
+    write_safetensors(os.path.join(path, SAFETENSORS), self.tensors if tensors is None else tensors)
+    return path
+
+  def test_tower_config_disagreeing_with_its_tensors(self):
+    vision = dict(self.config["vision_config"], intermediate_size=self.config["vision_config"]["intermediate_size"] + 8)
+    harness.assert_refused(self, self.variant(config=dict(self.config, vision_config=vision)), SAFETENSORS,
+                           "vision_tower.encoder.layers.0.mlp.fc1.weight", "has shape", "implies")
+
+  def test_missing_projector(self):
+    tensors = {k: v for k, v in self.tensors.items() if not k.startswith("multi_modal_projector.")}
+    harness.assert_refused(self, self.variant(tensors=tensors), "multi_modal_projector.mm_input_projection_weight",
+                           "missing")
+
+  def test_tower_maxtext_cannot_run_is_refused_naming_the_key(self):
+    vision = dict(self.config["vision_config"], image_size=48)  # 12 patches a side: MaxText pools to 16.
+    path = self.variant(config=dict(self.config, vision_config=vision))
+    harness.assert_refused(self, path, "vision_config image_size/patch_size = 48/4", "multiple of 16", "--text_only")
+    # As the message says: the text decoder alone still converts.
+    out = harness.scratch_dir("out-mm-")
+    result = harness.run_converter(f"--hf_model_path={path}", f"--output_dir={out}", "--simulated_cpu_devices_count=1",
+                                   "--text_only")
+    self.assertIn("not the text decoder (the towers MaxText cannot run:", result.stdout)
+    self.assertTrue(os.path.exists(os.path.join(out, "0", "commit_success.txt")))
+
+  def test_text_only_skips_the_towers_and_says_so(self):
+    out = harness.scratch_dir("out-mm-")
+    result = harness.run_converter(f"--hf_model_path={self.good}", f"--output_dir={out}",
+                                   "--simulated_cpu_devices_count=1", "--text_only")
+    self.assertIn("the SigLIP vision tower (--text_only)", result.stdout)
+    self.assertIn("the vision projector (--text_only)", result.stdout)
+    self.assertNotIn("use_multimodal=true", result.stdout)
+    metadata = os.path.join(out, "0", "items", "_METADATA")
+    with open(metadata) as f:
+      self.assertNotIn("vision_encoder", f.read())
+
+
 if __name__ == "__main__":
   absltest.main()

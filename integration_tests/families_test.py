@@ -28,6 +28,8 @@ CELLS = [
          family=family, target=target, devices=d, scan=s)
     for (model, family, target), d, s in itertools.product(FAMILY_ROWS, (1, 16), (True, False))
     if s in tiny_models.TINY_MODELS[model].scans
+    # Multimodal rows: text logits through their decoder once here; image + text in the MaxText interop step.
+    and (not tiny_models.TINY_MODELS[model].inputs or (d, s) == (16, tiny_models.TINY_MODELS[model].scans[-1]))
 ]
 
 _models: dict[str, tuple[str, np.ndarray]] = {}
@@ -215,6 +217,7 @@ class FamiliesTest(parameterized.TestCase):
                                   hf["model.layers.6.feed_forward.down_proj.weight"].T)
 
   def test_llama4_conditional_generation_converts_its_text_weights(self):
+    # --text_only: the hub's multimodal wrapper's text weights alone, the tower and projector skipped saying why.
     model_dir, reference = tiny_model("llama4_16e")
     hf = load_hf(model_dir)
     wrapped = {f"language_model.{n}": v for n, v in hf.items()}
@@ -224,11 +227,11 @@ class FamiliesTest(parameterized.TestCase):
       text_config = json.load(f)
     path = copy_model(model_dir, wrapped, replace_config={
         "architectures": ["Llama4ForConditionalGeneration"], "model_type": "llama4", "text_config": text_config,
-        "vision_config": {"model_type": "llama4_vision_model"}})
+        "vision_config": tiny_models.config_json("llama4_mm")["vision_config"]})
     out = harness.scratch_dir("mt-")
     result = harness.run_converter(f"--hf_model_path={path}", f"--output_dir={out}", "--save_dtype=float32",
-                                   "--simulated_cpu_devices_count=1")
-    self.assertIn("vision tower", result.stdout)
+                                   "--simulated_cpu_devices_count=1", "--text_only")
+    self.assertLen([line for line in result.stdout.splitlines() if "(--text_only)" in line], 2, result.stdout)
     _, _, direct = self._tree("llama4_16e", "--save_dtype=float32")
     self.assertEqual(checkpoint_io.trees_bit_identical(checkpoint_io.restore_v0(os.path.join(out, "0", "items")),
                                                        checkpoint_io.restore_v0(direct)), [])
@@ -286,7 +289,8 @@ class FamiliesTest(parameterized.TestCase):
 
   def test_qwen3_5_conditional_generation_converts_its_text_weights(self):
     # The hub's multimodal wrapper: text weights under model.language_model, the vision tower under model.visual,
-    # the multi-token-prediction module under mtp; the text config nested.
+    # the multi-token-prediction module under mtp; the text config nested. The tower converts by default (the
+    # qwen3_5_mm row), so this stand-in's one tower tensor is refused; --text_only converts the text alone.
     model_dir, _ = tiny_model("qwen3_5")
     hf = load_hf(model_dir)
     wrapped = {n.replace("model.", "model.language_model.", 1): v for n, v in hf.items()}
@@ -296,16 +300,43 @@ class FamiliesTest(parameterized.TestCase):
       text_config = json.load(f)
     path = copy_model(model_dir, wrapped, replace_config={
         "architectures": ["Qwen3_5MoeForConditionalGeneration"], "model_type": "qwen3_5_moe",
-        "text_config": dict(text_config, model_type="qwen3_5_moe_text"), "vision_config": {"depth": 2},
+        "text_config": dict(text_config, model_type="qwen3_5_moe_text"),
+        "vision_config": dict(tiny_models.config_json("qwen3_5_mm")["vision_config"], out_hidden_size=128),
         "tie_word_embeddings": False})
     out = harness.scratch_dir("mt-")
+    harness.assert_refused(self, path, "'model.visual.patch_embed.proj.weight' has shape (8, 8)")
     result = harness.run_converter(f"--hf_model_path={path}", f"--output_dir={out}", "--save_dtype=float32",
-                                   "--simulated_cpu_devices_count=1")
-    self.assertIn("vision tower", result.stdout)
+                                   "--simulated_cpu_devices_count=1", "--text_only")
+    self.assertIn("vision tower and its patch mergers (--text_only)", result.stdout)
     self.assertIn("multi-token-prediction", result.stdout)
     _, _, direct = self._tree("qwen3_5")
     self.assertEqual(checkpoint_io.trees_bit_identical(checkpoint_io.restore_v0(os.path.join(out, "0", "items")),
                                                        checkpoint_io.restore_v0(direct)), [])
+
+  def test_qwen3_vl_moe_hub_and_saved_expert_layouts_convert_alike(self):
+    # transformers 5.24 writes the fused experts (X, 2M, E) / (X, E, M); the hub stores (X, E, 2M) / (X, M, E),
+    # already (in, out). One name, two axis orders, told apart by shape: the same checkpoint either way.
+    model_dir, _ = tiny_model("qwen3_vl_moe")
+    hf = load_hf(model_dir)
+    self.assertEqual(hf["model.language_model.layers.0.mlp.experts.gate_up_proj"].shape, (4, 96, 64))
+    hub = {n: np.ascontiguousarray(np.swapaxes(v, 1, 2)) if ".mlp.experts." in n else v for n, v in hf.items()}
+    saved = checkpoint_io.restore_v0(self._tree("qwen3_vl_moe", "--scan_layers=false")[2])
+    items = convert(copy_model(model_dir, hub), "--simulated_cpu_devices_count=1", "--scan_layers=false")
+    self.assertEqual(checkpoint_io.trees_bit_identical(checkpoint_io.restore_v0(items), saved), [])
+    moe = saved["params"]["params"]["decoder"]["layers_3"]["moe_block"]
+    gate_up = hf["model.language_model.layers.3.mlp.experts.gate_up_proj"]  # (X, 2M, E): the gate's rows first.
+    np.testing.assert_array_equal(moe["wi_0"][2], gate_up[2, :48].T)
+    np.testing.assert_array_equal(moe["wi_1"][2], gate_up[2, 48:].T)
+
+  def test_qwen3_vl_scans_only_without_its_tower(self):
+    # MaxText feeds deepstack features between unscanned decoder layers only; the text decoder alone scans.
+    model_dir, _ = tiny_model("qwen3_vl")
+    harness.assert_refused(self, model_dir, "--scan_layers=true", "deepstack", "--text_only",
+                           flags=("--scan_layers=true",))
+    items = convert(model_dir, "--simulated_cpu_devices_count=1", "--scan_layers=true", "--text_only")
+    self.assertNotIn("vision_encoder", checkpoint_io.restore_v0(items)["params"]["params"])
+    overrides = ConversionRecord.read(items).maxtext_overrides
+    self.assertEqual((overrides["use_multimodal"], overrides["deepstack_visual_indexes_for_vit"]), (False, []))
 
   def test_olmo3_global_query_key_norms(self):
     # OLMo 3 normalises q and k over all heads at once: one (H * D,) scale, stored flat.
@@ -399,8 +430,10 @@ class FamiliesTest(parameterized.TestCase):
                                                        checkpoint_io.restore_v0(direct)), [])
 
   def test_gemma4_conditional_generation_converts_its_text_weights(self):
-    # The hub's multimodal checkpoint: text weights under model.language_model, towers and embedders beside them,
-    # and a hub-style text config (global layers' sizes as global_head_dim / num_global_key_value_heads).
+    # The hub's multimodal checkpoint with --text_only: text weights under model.language_model, towers and
+    # embedders beside them (the vision ones skipped for --text_only, the audio ones always: MaxText has no Gemma 4
+    # audio encoder), and a hub-style text config (global layers' sizes as global_head_dim /
+    # num_global_key_value_heads).
     model_dir, _ = tiny_model("gemma4_moe")
     hf = load_hf(model_dir)
     wrapped = {n.replace("model.", "model.language_model.", 1): v for n, v in hf.items()}
@@ -413,12 +446,16 @@ class FamiliesTest(parameterized.TestCase):
     text_config.update(global_head_dim=96, num_global_key_value_heads=1)
     path = copy_model(model_dir, wrapped, replace_config={
         "architectures": ["Gemma4ForConditionalGeneration"], "model_type": "gemma4", "text_config": text_config,
-        "vision_config": {"model_type": "gemma4_vision"}, "audio_config": {"model_type": "gemma4_audio"}})
+        "vision_config": tiny_models.config_json("gemma4_mm")["vision_config"],
+        "audio_config": {"model_type": "gemma4_audio"}})
     out = harness.scratch_dir("mt-")
     result = harness.run_converter(f"--hf_model_path={path}", f"--output_dir={out}", "--save_dtype=float32",
-                                   "--simulated_cpu_devices_count=1")
-    self.assertLen([line for line in result.stdout.splitlines() if "not the text model" in line], 1, result.stdout)
-    self.assertIn("skipped 4 tensor(s)", result.stdout)
+                                   "--simulated_cpu_devices_count=1", "--text_only")
+    lines = result.stdout.splitlines()
+    self.assertLen([line for line in lines if "skipped 2 tensor(s)" in line and "no Gemma 4 audio encoder" in line], 1,
+                   result.stdout)
+    self.assertLen([line for line in lines if "skipped 1 tensor(s)" in line and "(--text_only)" in line], 2,
+                   result.stdout)
     _, _, direct = self._tree("gemma4_moe")
     self.assertEqual(checkpoint_io.trees_bit_identical(checkpoint_io.restore_v0(os.path.join(out, "0", "items")),
                                                        checkpoint_io.restore_v0(direct)), [])
@@ -441,6 +478,8 @@ SHARD_GROUPS = harness.model_group(
      "test_qwen3_5_linear_projections_regrouped_per_key_head": "qwen3_5",
      "test_qwen3_5_fused_experts_convert_as_per_expert": "qwen3_5",
      "test_qwen3_5_conditional_generation_converts_its_text_weights": "qwen3_5",
+     "test_qwen3_vl_moe_hub_and_saved_expert_layouts_convert_alike": "qwen3_vl_moe",
+     "test_qwen3_vl_scans_only_without_its_tower": "qwen3_vl",
      "test_olmo3_global_query_key_norms": "olmo3", "test_unsupported_architecture_lists_supported_ones": "qwen3",
      "test_gemma4_scanned_blocks_and_fused_experts": "gemma4_moe",
      "test_gemma4_kv_shared_layers_and_per_layer_inputs": "gemma4_e2b",

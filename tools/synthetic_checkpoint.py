@@ -245,10 +245,17 @@ def deepseek3_fp8_shapes(config: dict) -> Iterator[tuple[str, tuple[int, ...], n
   yield "lm_head.weight", (config["vocab_size"], config["hidden_size"]), bf16
 
 
+# Qwen3.5-35B-A3B's vision tower (hub config.json), which its FP8 repo ships unquantized in BF16.
+_QWEN3_5_VISION = {"model_type": "qwen3_5_moe", "depth": 27, "hidden_size": 1152, "hidden_act": "gelu_pytorch_tanh",
+                   "in_channels": 3, "intermediate_size": 4304, "num_heads": 16, "num_position_embeddings": 2304,
+                   "out_hidden_size": 2048, "patch_size": 16, "spatial_merge_size": 2, "temporal_patch_size": 2}
+
+
 def qwen3_5_fp8_config(*, cycles: int, experts: int, vocab: int) -> dict:
   """Qwen3.5-35B-A3B-FP8 as the hub ships it (the multimodal wrapper, text config nested, FP8 in 128x128 blocks
-  with BF16 scales, experts one by one): hidden 2048, 16 heads of 256 (2 KV), linear attention of 16 key and 32
-  value heads of 128, experts of 512; fewer experts, layers (whole cycles of 3 linear + 1 full) and vocab."""
+  with BF16 scales, experts one by one, the vision tower in BF16): hidden 2048, 16 heads of 256 (2 KV), linear
+  attention of 16 key and 32 value heads of 128, experts of 512; fewer experts, layers (whole cycles of 3 linear + 1
+  full) and vocab."""
   text = {
       "model_type": "qwen3_5_moe_text", "hidden_size": 2048, "num_hidden_layers": 4 * cycles,
       "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256, "moe_intermediate_size": 512,
@@ -262,7 +269,8 @@ def qwen3_5_fp8_config(*, cycles: int, experts: int, vocab: int) -> dict:
   }
   return {
       "architectures": ["Qwen3_5MoeForConditionalGeneration"], "model_type": "qwen3_5_moe", "text_config": text,
-      "vision_config": {"depth": 27}, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+      "vision_config": dict(_QWEN3_5_VISION), "image_token_id": 248056, "vision_start_token_id": 248053,
+      "tie_word_embeddings": False, "torch_dtype": "bfloat16",
       "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
                               "weight_block_size": [FP8_BLOCK, FP8_BLOCK]},
   }
@@ -274,8 +282,33 @@ def qwen3_5_fp8_for_bytes(target_bytes: int, itemsize: int = 1) -> dict:
   experts, vocab = 64, 16384
   one = qwen3_5_fp8_config(cycles=1, experts=experts, vocab=vocab)
   per_cycle = sum(math.prod(s) * np.dtype(d).itemsize for i in range(4) for _, s, d in _qwen3_5_layer(one, i))
-  return qwen3_5_fp8_config(cycles=max(1, round((target_bytes - 2 * vocab * 2048 * 2) / per_cycle)),
+  tower = sum(math.prod(s) * np.dtype(d).itemsize for _, s, d in _qwen3_5_vision(one))
+  return qwen3_5_fp8_config(cycles=max(1, round((target_bytes - 2 * vocab * 2048 * 2 - tower) / per_cycle)),
                             experts=experts, vocab=vocab)
+
+
+def _qwen3_5_vision(config: dict) -> Iterator[tuple[str, tuple[int, ...], np.dtype]]:
+  """The vision tower's tensors under `model.visual.`, all BF16: patch embedding, position table, blocks, merger."""
+  v, bf16 = config["vision_config"], np.dtype(ml_dtypes.bfloat16)
+  D, I, p, tp = v["hidden_size"], v["intermediate_size"], v["patch_size"], v["temporal_patch_size"]
+  merged = D * v["spatial_merge_size"] ** 2
+  yield "model.visual.patch_embed.proj.weight", (D, v["in_channels"], tp, p, p), bf16
+  yield "model.visual.patch_embed.proj.bias", (D,), bf16
+  yield "model.visual.pos_embed.weight", (v["num_position_embeddings"], D), bf16
+  linears = [("attn.qkv", 3 * D, D), ("attn.proj", D, D), ("mlp.linear_fc1", I, D), ("mlp.linear_fc2", D, I)]
+  for i in range(v["depth"]):
+    b = f"model.visual.blocks.{i}"
+    for norm in ("norm1", "norm2"):
+      yield f"{b}.{norm}.weight", (D,), bf16
+      yield f"{b}.{norm}.bias", (D,), bf16
+    for name, out, fan_in in linears:
+      yield f"{b}.{name}.weight", (out, fan_in), bf16
+      yield f"{b}.{name}.bias", (out,), bf16
+  yield "model.visual.merger.norm.weight", (D,), bf16
+  yield "model.visual.merger.norm.bias", (D,), bf16
+  for name, out, fan_in in (("linear_fc1", merged, merged), ("linear_fc2", v["out_hidden_size"], merged)):
+    yield f"model.visual.merger.{name}.weight", (out, fan_in), bf16
+    yield f"model.visual.merger.{name}.bias", (out,), bf16
 
 
 def _fp8_bf16_scales(name: str, shape: tuple[int, int]) -> Iterator[tuple[str, tuple[int, ...], np.dtype]]:
@@ -323,6 +356,7 @@ def qwen3_5_fp8_shapes(config: dict) -> Iterator[tuple[str, tuple[int, ...], np.
     yield from _qwen3_5_layer(config, i)
   yield "model.language_model.norm.weight", (t["hidden_size"],), bf16
   yield "lm_head.weight", (t["vocab_size"], t["hidden_size"]), bf16
+  yield from _qwen3_5_vision(config)
 
 
 FAMILIES = {

@@ -41,6 +41,11 @@ class TinyModelSpec:
   norms_near_zero: str = ""
   fp8: Fp8Shipping | None = None  # Shipped quantized: every check runs on its numpy dequantization's logits.
   converter_flags: tuple[str, ...] = ()  # What every conversion of the row passes (--keep_fp8).
+  # Multimodal rows: the module of tools/multimodal_inputs/ that makes their image (+ audio) + text case for the
+  # interop check, and MaxText 0.2.5's own arithmetic floor on it as shipped (maxtext-contract-multimodal.md,
+  # section 2), which the check reports beside the aligned forward it holds to --atol.
+  inputs: str = ""
+  shipped_floor: float = 0.0
 
 
 # Shared shape of the tiny models: head_dim differs from hidden / heads, queries are grouped 3:1, odd vocab.
@@ -102,6 +107,21 @@ _GEMMA4 = dict(_GEMMA, num_hidden_layers=12, global_head_dim=96, sliding_window=
                                 "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
                                                    "rope_theta": 1e6}})
 
+# The Qwen vision tower (Qwen3-VL, Qwen3.5): 3 blocks of hidden 32 in 2 heads of 16 (per-head and thirds splits of the
+# fused qkv differ), MLP 48, 4x4 patches over 2 frames, 2x2 merges, a 4x4 position table interpolated to the
+# case's 6x8-patch image (tools/multimodal_inputs/qwen_vl.py: swapped grid axes change values). The vocabularies sit
+# just above MaxText's hard-coded image placeholder ids (151655, Qwen3.5 248056): transformers embeds them before
+# replacing them, MaxText clamps them.
+_QWEN_VISION = dict(depth=3, hidden_size=32, num_heads=2, intermediate_size=48, patch_size=4, temporal_patch_size=2,
+                    spatial_merge_size=2, num_position_embeddings=16, hidden_act="gelu_pytorch_tanh", in_channels=3)
+# Qwen3-VL text: 4 layers (deepstack features enter after layers 0 and 1), head_dim 32 != hidden/heads, MRoPE
+# sections (6, 5, 5) of head_dim/2 (unequal: swapped sections change values).
+_QWEN3_VL_TEXT = dict(hidden_size=64, num_hidden_layers=4, vocab_size=151657, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=32, intermediate_size=128, rms_norm_eps=1e-6,
+                      max_position_embeddings=512,
+                      rope_parameters={"rope_type": "default", "rope_theta": 5e6, "mrope_section": [6, 5, 5],
+                                       "mrope_interleaved": True})
+
 TINY_MODELS: dict[str, TinyModelSpec] = {
     "qwen3": TinyModelSpec(
         "Qwen3Config", "Qwen3ForCausalLM",
@@ -161,6 +181,21 @@ TINY_MODELS: dict[str, TinyModelSpec] = {
              rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
                               "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}),
         "gemma3", "gemma3-4b", "gemma3-4b"),
+    # Gemma 3 4B's multimodal checkpoint at reduced size: the gemma3 row's decoder (tied, E=256) with a SigLIP tower
+    # of 2 layers (hidden 64 in 4 heads of 16, MLP 96) on 64x64 images in 4x4 patches (16 a side: MaxText pools to
+    # 256 tokens); a sliding window of 260 > the 256-token image block (MaxText and transformers mask it alike
+    # only then).
+    "gemma3_mm": TinyModelSpec(
+        "Gemma3Config", "Gemma3ForConditionalGeneration",
+        dict(text_config=dict(_GEMMA, num_hidden_layers=8, query_pre_attn_scalar=48, sliding_window=260,
+                              final_logit_softcapping=10.0,
+                              rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0,
+                                                                  "rope_theta": 1e6},
+                                               "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}),
+             vision_config=dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                                image_size=64, patch_size=4, layer_norm_eps=1e-6, vision_use_head=False),
+             mm_tokens_per_image=256, tie_word_embeddings=True),
+        "gemma3", "gemma3-4b", "gemma3-4b", inputs="gemma3"),
     "qwen3_next": TinyModelSpec("Qwen3NextConfig", "Qwen3NextForCausalLM", _HYBRID, "qwen3_next", "qwen3-next",
                                 "qwen3-next-80b-a3b", norms_near_zero=_HYBRID_CENTRED_NORMS),
     "qwen3_5": TinyModelSpec(
@@ -176,6 +211,60 @@ TINY_MODELS: dict[str, TinyModelSpec] = {
              rope_parameters=dict(_HYBRID["rope_parameters"], mrope_section=[2, 2, 4])),
         "qwen3_5", "qwen3.5", "qwen3.5-35b-a3b-fp8", norms_near_zero=_HYBRID_CENTRED_NORMS,
         fp8=Fp8Shipping("QWEN3_5_FP8_WEIGHTS", (32, 32), "bfloat16"), converter_flags=("--keep_fp8",)),
+    # Qwen3-VL-4B's multimodal checkpoint at reduced size (dense, tied): the tower above with deepstack mergers after
+    # blocks 0 and 2. MaxText runs deepstack unscanned only.
+    "qwen3_vl": TinyModelSpec(
+        "Qwen3VLConfig", "Qwen3VLForConditionalGeneration",
+        dict(text_config=_QWEN3_VL_TEXT,
+             vision_config=dict(_QWEN_VISION, out_hidden_size=64, deepstack_visual_indexes=[0, 2]),
+             tie_word_embeddings=True),
+        "qwen3_vl", "qwen3-vl-4b", "qwen3-vl-4b", scans=(False,), inputs="qwen_vl", shipped_floor=4.4e-2),
+    # Qwen3-VL-30B-A3B at reduced size: untied, 4 experts of 48 (top 2; 2M = 96 != E = 64, so the hub's and
+    # transformers' fused layouts differ in shape), saved fused as transformers 5.24 writes them.
+    "qwen3_vl_moe": TinyModelSpec(
+        "Qwen3VLMoeConfig", "Qwen3VLMoeForConditionalGeneration",
+        dict(text_config=dict(_QWEN3_VL_TEXT, moe_intermediate_size=48, num_experts=4, num_experts_per_tok=2,
+                              decoder_sparse_step=1, mlp_only_layers=[]),
+             vision_config=dict(_QWEN_VISION, out_hidden_size=64, deepstack_visual_indexes=[0, 2]),
+             tie_word_embeddings=False),
+        "qwen3_vl", "qwen3-vl-30b-a3b", "qwen3-vl-30b-a3b", scans=(False,), inputs="qwen_vl", shipped_floor=3.3e-2),
+    # Qwen3.5-35B-A3B's multimodal checkpoint at reduced size: the qwen3_5 row's hybrid decoder at hidden 64 with the
+    # tower above (no deepstack, so the decoder scans).
+    "qwen3_5_mm": TinyModelSpec(
+        "Qwen3_5MoeConfig", "Qwen3_5MoeForConditionalGeneration",
+        dict(text_config=dict(_HYBRID, hidden_size=64, vocab_size=248059,
+                              rope_parameters=dict(_HYBRID["rope_parameters"], mrope_section=[2, 2, 2])),
+             vision_config=dict(_QWEN_VISION, out_hidden_size=64), tie_word_embeddings=False),
+        "qwen3_5", "qwen3.5", "qwen3.5-35b-a3b", norms_near_zero=_HYBRID_CENTRED_NORMS, inputs="qwen_vl",
+        shipped_floor=1.4e-1),
+    # Qwen3-Omni's thinker (no talker: transformers builds the class without it) at reduced size: a Qwen3-MoE decoder
+    # of 3 layers (E=64, head_dim 32 != 64/4, 4 experts, interleaved MRoPE [6, 5, 5]) whose vocabulary exceeds the
+    # hard-coded placeholder ids (transformers embeds them); a vision tower of 3 blocks (hidden 32 in 2 heads, patch 4,
+    # merge 2, a 4x4 position table interpolated to the image's grid) with deepstack mergers after blocks 0 and 1;
+    # an audio encoder of 2 layers (d_model 128 in 2 heads of 64, 64 conv channels; narrower, the random attention is
+    # near-uniform and swapped q/k projections move the logits by 2e-4 only) on 20 mel bins (3 after the convs:
+    # conv_out reads 64 x 3), MaxText's 100-frame chunk (n_window 50) attended as one window (n_window_infer 100, as
+    # MaxText attends). The hub's placeholder ids, not transformers' defaults. Unscanned only (deepstack).
+    "qwen3_omni": TinyModelSpec(
+        "Qwen3OmniMoeConfig", "Qwen3OmniMoeForConditionalGeneration",
+        dict(enable_audio_output=False, thinker_config=dict(
+            text_config=dict(hidden_size=64, num_hidden_layers=3, vocab_size=151681, num_attention_heads=4,
+                             num_key_value_heads=2, head_dim=32, intermediate_size=96, moe_intermediate_size=32,
+                             num_experts=4, num_experts_per_tok=2, norm_topk_prob=True, rms_norm_eps=1e-6,
+                             max_position_embeddings=512,
+                             rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [6, 5, 5],
+                                              "interleaved": True}),
+            vision_config=dict(depth=3, hidden_size=32, num_heads=2, intermediate_size=48, patch_size=4,
+                               temporal_patch_size=2, spatial_merge_size=2, out_hidden_size=64,
+                               num_position_embeddings=16, deepstack_visual_indexes=[0, 1]),
+            audio_config=dict(d_model=128, encoder_layers=2, encoder_attention_heads=2, encoder_ffn_dim=192,
+                              num_mel_bins=20, downsample_hidden_size=64, output_dim=64, n_window=50,
+                              n_window_infer=100, max_source_positions=200),
+            image_token_id=151655, video_token_id=151656, vision_start_token_id=151652, vision_end_token_id=151653,
+            audio_token_id=151675, audio_start_token_id=151669, audio_end_token_id=151670,
+            position_id_per_seconds=13)),
+        "qwen3_omni", "qwen3-omni-30b-a3b", "qwen3-omni-30b-a3b", scans=(False,), inputs="qwen_omni",
+        shipped_floor=2.7e-2),
     "olmo3": TinyModelSpec("Olmo3Config", "Olmo3ForCausalLM", _OLMO3, "olmo3", "olmo3-7b-pt", "olmo3-7b-pt"),
     "deepseek3": TinyModelSpec("DeepseekV3Config", "DeepseekV3ForCausalLM", _DEEPSEEK, "deepseek", "deepseek3",
                                "deepseek3-671b"),
@@ -203,6 +292,21 @@ TINY_MODELS: dict[str, TinyModelSpec] = {
         dict(_LLAMA4, interleave_moe_layer_step=2, use_qk_norm=False,
              rope_parameters={"rope_type": "default", "rope_theta": 500000.0}),
         "llama4", "llama4-17b-128e", "llama4-17b-128e"),
+    # Llama 4 Scout's multimodal checkpoint at reduced size: the llama4_16e row's decoder with a vocabulary past the
+    # <|patch|> id 200092 (transformers looks every id up; MaxText clamps them); a vision tower of 2 layers (hidden
+    # 64 in 4 heads of 16; 64 != 3 p^2 = 48, so a transposed patch kernel cannot keep its shape) on 32x32 tiles in
+    # 4x4 patches (8 a side), pixel shuffle 0.5 (the shuffle MLP reads 64 / 0.5^2 = 256 = the encoder's MLP width),
+    # adapter 96 -> 96, 16 soft tokens per tile; a vision rope base that is not MaxText's default.
+    "llama4_mm": TinyModelSpec(
+        "Llama4Config", "Llama4ForConditionalGeneration",
+        dict(text_config=dict(_LLAMA4, vocab_size=200093, interleave_moe_layer_step=1, use_qk_norm=True,
+                              rope_parameters=dict(_LLAMA31_SCALING, rope_theta=500000.0)),
+             vision_config=dict(hidden_size=64, num_attention_heads=4, num_hidden_layers=2, intermediate_size=256,
+                                image_size=32, patch_size=4, pixel_shuffle_ratio=0.5, projector_input_dim=96,
+                                projector_output_dim=96, vision_output_dim=96, norm_eps=1e-5,
+                                rope_parameters={"rope_type": "default", "rope_theta": 5000.0}),
+             tie_word_embeddings=False),
+        "llama4", "llama4-17b-16e", "llama4-17b-16e", inputs="llama4", shipped_floor=4.7e-5),
     # 26B-A4B-like: every layer MoE (8 experts of 64, top 2, beside a shared expert of 160), global layers with one
     # KV head whose values are its keys (attention_k_eq_v).
     "gemma4_moe": TinyModelSpec(
@@ -210,6 +314,24 @@ TINY_MODELS: dict[str, TinyModelSpec] = {
         dict(_GEMMA4, enable_moe_block=True, num_experts=8, top_k_experts=2, moe_intermediate_size=64,
              intermediate_size=160, attention_k_eq_v=True, num_global_key_value_heads=1),
         "gemma4", "gemma4-26b", "gemma4-26b", norms_near_zero=_GEMMA4_QK_NORMS),
+    # Gemma 4 26B-A4B's multimodal checkpoint at reduced size: the gemma4_moe row's decoder, its sliding window 300 >
+    # the 280-token image block (image tokens attend each other in sliding layers, use_bidirectional_attention
+    # "vision"; MaxText and transformers mask alike only then); a vision tower of 2 layers (hidden 64 in 4 heads of
+    # 16, MLP 96, no clipping, standardized soft tokens) on MaxText's 672x960 images in 16x16 patches (42 x 60, not
+    # square, so swapped x/y tables show), position tables of 72 rows (!= the hidden size), a vision rope base that
+    # is not MaxText's default. Its q/k norms are drawn around 0 too (the tower attends unscaled as well).
+    "gemma4_mm": TinyModelSpec(
+        "Gemma4Config", "Gemma4ForConditionalGeneration",
+        dict(text_config=dict(_GEMMA4, enable_moe_block=True, num_experts=8, top_k_experts=2, moe_intermediate_size=64,
+                              intermediate_size=160, attention_k_eq_v=True, num_global_key_value_heads=1,
+                              sliding_window=300, use_bidirectional_attention="vision"),
+             vision_config=dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                                num_key_value_heads=4, head_dim=16, patch_size=16, position_embedding_size=72,
+                                pooling_kernel_size=3, standardize=True, use_clipped_linears=False, rms_norm_eps=1e-6,
+                                rope_parameters={"rope_type": "axial", "rope_theta": 250.0}),
+             audio_config=None, tie_word_embeddings=True),
+        "gemma4", "gemma4-26b", "gemma4-26b", norms_near_zero=_GEMMA4_QK_NORMS, inputs="gemma4",
+        shipped_floor=3.7e-2),
     # 31B-like but with value projections on the global layers (attention_k_eq_v false).
     "gemma4_dense": TinyModelSpec("Gemma4TextConfig", "Gemma4ForCausalLM", _GEMMA4, "gemma4", "gemma4-31b",
                                   "gemma4-31b", norms_near_zero=_GEMMA4_QK_NORMS),

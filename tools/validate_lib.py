@@ -51,14 +51,22 @@ def reference_logits(hf_model_path: str, ids: np.ndarray, weights_dtype: str = "
   A quantized checkpoint runs as its numpy dequantization (tools/quantize.py), which is independent of ours."""
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
+  from transformers.models.auto import modeling_auto  # pylint: disable=g-import-not-at-top
 
   if quantize.is_quantized(hf_model_path):
     with tempfile.TemporaryDirectory() as plain:
       return reference_logits(quantize.dequantize(hf_model_path, plain), ids, weights_dtype)
 
-  # Eager attention: the reference for sinks, sliding windows, chunks and sparse indexers alike.
-  model = transformers.AutoModelForCausalLM.from_pretrained(hf_model_path, dtype=torch.float32,
-                                                            attn_implementation="eager")
+  # Eager attention: the reference for sinks, sliding windows, chunks and sparse indexers alike. Multimodal wrappers
+  # without a causal-LM class (Qwen3-VL) run as image-text-to-text models, on text alone.
+  model_type = transformers.AutoConfig.from_pretrained(hf_model_path).model_type
+  auto = (transformers.AutoModelForCausalLM if model_type in modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+          else transformers.AutoModelForImageTextToText)
+  if model_type == "qwen3_omni_moe":  # Qwen3-Omni: the thinker makes the text logits (its talker only speaks them).
+    model = transformers.Qwen3OmniMoeForConditionalGeneration.from_pretrained(
+        hf_model_path, dtype=torch.float32, attn_implementation="eager").thinker
+  else:
+    model = auto.from_pretrained(hf_model_path, dtype=torch.float32, attn_implementation="eager")
   model.eval()
   if weights_dtype != "float32":
     with torch.no_grad():
@@ -86,7 +94,7 @@ def recorded_runtime(hf_model_path: str, items_path: str, tree: Any) -> tuple[fa
   scan_layers = record.scan_layers if record.scan_layers is not None else "layers" in params["decoder"]
   runtime = model.runtime
   if record.maxtext_overrides is not None:
-    runtime = families.Runtime(families.MaxTextConfig(**record.maxtext_overrides), model.runtime.decoder)
+    runtime = families.Runtime(families.MaxTextConfig.from_overrides(record.maxtext_overrides), model.runtime.decoder)
   return runtime, model.layout(params["token_embedder"]["embedding"].shape[0], scan_layers)
 
 

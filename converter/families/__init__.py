@@ -10,7 +10,7 @@ import importlib
 import pkgutil
 
 from converter.errors import ConversionError
-from converter.families.base import Alternatives, Family, LayerGroup, Layout, Param
+from converter.families.base import Alternatives, Family, LayerGroup, Layout, Param, Towers
 from converter.families.runtime import Decoder, MaxTextConfig, Runtime
 from converter.model_config import ModelConfig
 
@@ -51,23 +51,45 @@ def family_by_name(name: str) -> Family:
 
 @dataclasses.dataclass(frozen=True)
 class ResolvedModel:
-  """A checkpoint's family, the MaxText model it targets, and what that MaxText computes."""
+  """A checkpoint's family, the MaxText model it targets, what that MaxText computes, and the towers converted
+  with the text decoder (None: text only)."""
 
   family: Family
   config: ModelConfig
   target: str
   runtime: Runtime
+  towers: Towers | None = None
+  skipped_towers: Towers | None = None  # A multimodal checkpoint's towers left out (--text_only).
+
+  @property
+  def multimodal(self) -> bool:
+    return self.towers is not None
 
   def layout(self, target_vocab: int, scan_layers: bool) -> Layout:
-    return self.family.layout(self.config, self.target, target_vocab, scan_layers)
+    layout = self.family.layout(self.config, self.target, target_vocab, scan_layers)
+    if self.towers is None:
+      return layout
+    return dataclasses.replace(layout, top=layout.top + self.towers.params)
 
   def warnings(self) -> list[str]:
     """What the target cannot reproduce; raises ConversionError for what it must refuse."""
     return list(self.family.check(self.config, self.target))
 
+  def ignored_tensors(self) -> dict[str, str]:
+    """Regexes of HF tensors read nowhere on purpose, and the reason a conversion states for skipping them."""
+    ignored = dict(self.family.ignored_tensors(self.config))
+    if self.skipped_towers is not None:
+      ignored.update({p: f"{what} (--text_only)" for p, what in self.skipped_towers.owns.items()})
+    return ignored
 
-def resolve(config: ModelConfig, *, target_model: str | None = None, family: str | None = None) -> ResolvedModel:
-  """The family (by name, else by architecture), the target (given, else inferred) and its runtime."""
+  def tensor_aliases(self) -> tuple[tuple[str, str], ...]:
+    return tuple(self.family.tensor_aliases(self.config))
+
+
+def resolve(config: ModelConfig, *, target_model: str | None = None, family: str | None = None,
+            text_only: bool = False) -> ResolvedModel:
+  """The family (by name, else by architecture), the target (given, else inferred), its runtime and, unless
+  `text_only`, the checkpoint's towers."""
   fam = family_by_name(family) if family else family_for_architecture(config.architecture, config.path, config)
   if config.architecture not in fam.architectures:
     raise ConversionError(f"{config.path}: architecture {config.architecture!r} is not one family {fam.name} converts"
@@ -81,8 +103,20 @@ def resolve(config: ModelConfig, *, target_model: str | None = None, family: str
         f"--target_model={target_model} is not a MaxText model {fam.name} checkpoints ({config.path}) convert to;"
         f" expected one of: {', '.join(t + '-*' for t in fam.targets)}"
     )
-  return ResolvedModel(fam, config, target, fam.runtime(config, target))
+  runtime = fam.runtime(config, target)
+  try:
+    towers = fam.towers(config, target)
+  except ConversionError as e:
+    if not text_only:
+      raise
+    # Towers MaxText could not run as transformers does need not run: whatever the text decoder leaves unread
+    # is theirs, named in the skip warning.
+    towers = Towers((), (), {r".*": f"not the text decoder (the towers MaxText cannot run: {e})"})
+  if towers is None or text_only:
+    return ResolvedModel(fam, config, target, runtime, skipped_towers=towers)
+  runtime = runtime.replace_config(use_multimodal=True, towers=towers.overrides)
+  return ResolvedModel(fam, config, target, runtime, towers)
 
 
-__all__ = ["FAMILIES", "Alternatives", "Decoder", "Family", "LayerGroup", "Layout", "MaxTextConfig", "Param", "ResolvedModel",
+__all__ = ["FAMILIES", "Alternatives", "Decoder", "Family", "LayerGroup", "Layout", "MaxTextConfig", "Param", "ResolvedModel", "Towers",
            "Runtime", "family_by_name", "family_for_architecture", "resolve", "supported_architectures"]

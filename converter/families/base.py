@@ -8,7 +8,7 @@ checks) once for every family, and `converter/to_huggingface.py` inverts it.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from typing import Any, Callable
 
 from converter.arrays import Shape
 from converter.families.runtime import Runtime
@@ -56,8 +56,9 @@ class Param:
 @dataclasses.dataclass(frozen=True)
 class Alternatives:
   """Params a checkpoint may store in one of several forms (Qwen3.5's experts: one by one as transformers saves
-  them, or fused as the hub repos ship them). A conversion uses the first form whose HF tensors are all present;
-  converting back writes the first form."""
+  them, or fused as the hub repos ship them; Qwen3-VL-MoE's fused experts under one name in two axis orders). A
+  conversion uses the first form whose HF tensors are all present at the shapes it reads; converting back writes
+  the first form."""
 
   options: tuple[tuple[Param, ...], ...]
 
@@ -77,13 +78,14 @@ class LayerGroup:
   stacked: bool
   params: tuple[Param | Alternatives, ...]
 
-  def resolved(self, stored: Callable[[str], bool] | None = None) -> LayerGroup:
-    """The group with each `Alternatives` replaced by its first form whose HF tensors `stored` has for the group's
-    first layer (by its first form without `stored`)."""
+  def resolved(self, stored: Callable[[str], Shape | None] | None = None) -> LayerGroup:
+    """The group with each `Alternatives` replaced by its first form whose HF tensors the checkpoint stores, at the
+    shapes the form reads, for the group's first layer (`stored`: a name's stored shape, None when absent); by its
+    first form without `stored`."""
     _, first = self.positions()[0]
 
     def present(option: tuple[Param, ...]) -> bool:
-      return all(stored(p.hf.format(layer=p.hf_layer(first), expert=0)) for p in option)
+      return all(stored(p.hf.format(layer=p.hf_layer(first), expert=0)) == tuple(p.hf_shape) for p in option)
 
     params: list[Param] = []
     for param in self.params:
@@ -119,12 +121,41 @@ class Layout:
   def num_layers(self) -> int:
     return sum(len(g.positions()) for g in self.groups)
 
+  def under(self, prefix: str, old: str = "model.") -> Layout:
+    """The same layout with HF names that start with `old` moved under `prefix` instead (a multimodal wrapper's
+    text model: `model.layers.0...` -> `language_model.model.layers.0...`)."""
+
+    def move(param):
+      if isinstance(param, Alternatives):
+        return Alternatives(tuple(tuple(move(p) for p in option) for option in param.options))
+      if param.hf.startswith(old):
+        return dataclasses.replace(param, hf=prefix + param.hf[len(old):])
+      return param
+
+    return Layout(tuple(move(p) for p in self.top),
+                  tuple(dataclasses.replace(g, params=tuple(move(p) for p in g.params)) for g in self.groups))
+
 
 def standard_layer_groups(params: tuple[Param, ...], num_layers: int, scan_layers: bool) -> tuple[LayerGroup, ...]:
   """`decoder/layers` with every layer on the scan axis, or `decoder/layers_{i}`."""
   if scan_layers:
     return (LayerGroup(("decoder", "layers"), tuple(range(num_layers)), True, params),)
   return tuple(LayerGroup(("decoder", f"layers_{i}"), (i,), False, params) for i in range(num_layers))
+
+
+@dataclasses.dataclass(frozen=True)
+class Towers:
+  """A multimodal checkpoint's encoders and projectors (vision; audio for Qwen3-Omni) in MaxText's tree.
+
+  Towers never scan in MaxText (`encoderblock_{i}`, `blocks_{i}`, `layers_{i}` whatever `scan_layers` says), so
+  every param is a top-level one under `params/params`. `overrides` are the MaxText config keys the towers need
+  (`use_multimodal` and the `*_for_vit` / `*_for_audio` keys), in MaxText's names; `owns` maps regexes of the HF
+  tensors the towers read to what they are, named when a text-only conversion skips them.
+  """
+
+  params: tuple[Param, ...]
+  overrides: tuple[tuple[str, Any], ...]
+  owns: dict[str, str]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,7 +169,10 @@ class Family:
   `ignored_tensors` maps regexes of HF tensors the family reads nowhere on purpose to the reason a conversion
   states when it skips some ("" for none: rotary caches); `reads` says which configs of its architectures the
   family converts, where several families read one architecture (Gemma 4's gemma4 and gemma4_small decoders);
-  `fp8_unquantized_modules` enables `--keep_fp8` (converter/native_fp8.py).
+  `fp8_unquantized_modules` enables `--keep_fp8` (converter/native_fp8.py); `towers(config, target)` describes a
+  multimodal checkpoint's encoders (None: the checkpoint has none, or the target has no multimodal form, which
+  `check` then says); `tensor_aliases` are (regex, replacement) renames from the other names a checkpoint may
+  store its tensors under (transformers' `save_pretrained` and in-memory names) to the ones the layout uses.
   """
 
   name: str
@@ -152,6 +186,8 @@ class Family:
   reads: Callable[[ModelConfig], bool] = lambda cfg: True
   # The `unquantized_modules` of the target's MaxText fp8 models (`qwen3.5-*-fp8`); None: MaxText has none.
   fp8_unquantized_modules: tuple[str, ...] | None = None
+  towers: Callable[[ModelConfig, str], Towers | None] = lambda cfg, target: None
+  tensor_aliases: Callable[[ModelConfig], tuple[tuple[str, str], ...]] = lambda cfg: ()
 
   def target_prefix(self, target_model: str) -> str:
     """The longest declared prefix `target_model` starts with ("llama3.1-8b" -> "llama3.1")."""

@@ -6,11 +6,14 @@ resolved and checked as a conversion would.
 
 from __future__ import annotations
 
+import re
+
 from absl.testing import absltest, parameterized
 
-from converter import families
+from converter import families, plan
 from converter.errors import ConversionError
 from converter.model_config import parse_model_config
+from converter.options import PlanOptions
 from tools import tiny_models
 
 
@@ -185,6 +188,250 @@ class ChecksTest(parameterized.TestCase):
       with self.assertRaisesRegex(ConversionError, "no scanned form.*--noscan_layers"):
         resolved.layout(509, True)
       self.assertLen(resolved.layout(509, False).groups, resolved.config.num_layers)
+
+  # --- Gemma 4 and Llama 4 vision towers ---------------------------------------------------------------------------
+
+  @parameterized.named_parameters(
+      ("gemma4_clipped_linears", "gemma4_mm", {"vision_config": {"use_clipped_linears": True}}, "no clip bounds"),
+      ("gemma4_no_standardization", "gemma4_mm", {"vision_config": {"standardize": False}},
+       "always standardizes its soft tokens"),
+      ("gemma4_vision_eps_differs_from_text_eps", "gemma4_mm", {"vision_config": {"rms_norm_eps": 1e-5}},
+       "rms_norm_eps=1e-05 differs from the text rms_norm_eps=1e-06"),
+      ("gemma4_grouped_vision_heads", "gemma4_mm", {"vision_config": {"num_key_value_heads": 2}},
+       "as many key/value heads as query heads"),
+      ("gemma4_vision_head_dim", "gemma4_mm", {"vision_config": {"head_dim": 32}}, "hidden_size / num_attention_heads"),
+      ("gemma4_position_table_too_short", "gemma4_mm", {"vision_config": {"position_embedding_size": 59}},
+       "smaller than the 60 patches a side"),
+      ("gemma4_patches_not_whole_pooling_cells", "gemma4_mm", {"vision_config": {"patch_size": 14}},
+       "whole 42-pixel pooling cells"),
+      ("gemma4_exact_gelu_tower", "gemma4_mm", {"vision_config": {"hidden_activation": "gelu"}}, "tanh GELU"),
+      ("gemma4_vision_rope_type", "gemma4_mm",
+       {"vision_config": {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 250.0}}},
+       "only the axial 2-D"),
+      ("gemma4_image_token_moved", "gemma4_mm", {"image_token_id": 262144}, "hard-codes 258880"),
+      ("llama4_shuffle_mlp_width", "llama4_mm", {"vision_config": {"intermediate_size": 128}},
+       "reads hidden_size / pixel_shuffle_ratio\\^2 = 256"),
+      ("llama4_adapter_not_square", "llama4_mm", {"vision_config": {"projector_input_dim": 64}},
+       "projector_input_dim=64 != projector_output_dim=96"),
+      ("llama4_projector_input", "llama4_mm", {"vision_config": {"vision_output_dim": 128}},
+       "vision_output_dim=128 != projector_output_dim=96"),
+      ("llama4_text_eps_not_the_vision_layer_norms", "llama4_mm", {"text_config": {"rms_norm_eps": 1e-6}},
+       "vision LayerNorms use 1e-05"),
+      ("llama4_rectangular_tiles", "llama4_mm", {"vision_config": {"image_size": [32, 48]}}, "square tiles"),
+      ("llama4_tile_not_whole_patches", "llama4_mm", {"vision_config": {"image_size": 30}},
+       "not a multiple of patch_size=4"),
+      ("llama4_image_token_moved", "llama4_mm", {"image_token_index": 200090}, "hard-codes 200092"),
+      ("llama4_vision_rope_scaled", "llama4_mm",
+       {"vision_config": {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 5000.0}}},
+       "only the unscaled 2-D rope"),
+  )
+  def test_vision_tower_refused_with_the_reason(self, model, changes, text):
+    with self.assertRaisesRegex(ConversionError, f"vision tower cannot run in MaxText.*{text}"):
+      _resolve(model, **changes).warnings()
+
+  def test_gemma4_and_llama4_towers_convert_without_warnings(self):
+    for model, leaves in (("gemma4_mm", 31), ("llama4_mm", 42)):
+      resolved = _resolve(model)
+      self.assertEqual(resolved.warnings(), [], model)
+      self.assertLen(resolved.towers.params, leaves, model)
+    overrides = _resolve("gemma4_mm").runtime.config.overrides()
+    self.assertEqual([overrides[k] for k in ("use_multimodal", "image_size_for_vit", "vision_output_length")],
+                     [True, [672, 960], 280])
+
+  def test_gemma4_and_llama4_hub_vision_configs_agree(self):
+    # Hub configs: Gemma 4's vision rope type "default" (transformers reads it as "axial"), Llama 4's rope_theta
+    # outside rope_parameters (transformers 4's style).
+    for model, hub_style in (("gemma4_mm", {"rope_parameters": {"rope_theta": 250.0, "rope_type": "default"}}),
+                             ("llama4_mm", {"rope_parameters": None, "rope_theta": 5000.0})):
+      saved, hub = _resolve(model), _resolve(model, vision_config=hub_style)
+      self.assertEqual(hub.warnings(), [], model)
+      self.assertEqual(hub.runtime, saved.runtime, model)
+      self.assertNotIn(saved.runtime.config.overrides()["rope_theta_for_vit"], (100.0, 10000.0), model)
+
+  @parameterized.named_parameters(
+      # A patch of 8 still tiles 672x960 (84 x 120 patches); MaxText's processor counts tokens with 16 and 3.
+      ("gemma4_off_maxtext_preprocessing",
+       {"vision_config": {"patch_size": 8, "position_embedding_size": 128}, "text_config": {"sliding_window": 1200}},
+       "vision_output_length=1120 per image"),
+      ("gemma4_causal_image_block", {"text_config": {"use_bidirectional_attention": None}},
+       "use_bidirectional_attention=None"),
+      ("gemma4_window_within_the_image", {"text_config": {"sliding_window": 280}},
+       "sliding_window=280 does not exceed the 280 soft tokens"),
+  )
+  def test_gemma4_tower_one_precise_warning(self, changes, text):
+    warnings = _resolve("gemma4_mm", **changes).warnings()
+    self.assertLen(warnings, 1, warnings)
+    self.assertIn(text, warnings[0])
+
+  def test_gemma4_audio_tower_is_skipped_and_the_vision_tower_only_with_text_only(self):
+    audio, vision = "model.audio_tower.layers.0.feed_forward1.ffw_layer_1.linear.weight", "model.vision_tower.std_bias"
+    for text_only, skipped in ((False, {audio}), (True, {audio, vision})):
+      model = families.resolve(parse_model_config(tiny_models.config_json("gemma4_mm"), "config.json"),
+                               text_only=text_only)
+      self.assertEqual(model.multimodal, not text_only)
+      ignored = model.ignored_tensors()
+      self.assertEqual({n for n in (audio, vision) if any(re.match(p, n) and r for p, r in ignored.items())},
+                       skipped)
+    self.assertIn("no Gemma 4 audio encoder", next(r for p, r in ignored.items() if re.match(p, audio)))
+
+  def test_gemma4_small_multimodal_converts_its_text_alone(self):
+    raw = {"architectures": ["Gemma4ForConditionalGeneration"], "model_type": "gemma4",
+           "text_config": tiny_models.config_json("gemma4_e2b"),
+           "vision_config": tiny_models.config_json("gemma4_mm")["vision_config"]}
+    model = families.resolve(parse_model_config(raw, "config.json"))
+    self.assertEqual((model.family.name, model.target, model.multimodal), ("gemma4_small", "gemma4-e2b", False))
+    self.assertLen([w for w in model.warnings() if "gemma4-e2b has no multimodal form in MaxText 0.2.5" in w], 1)
+    ignored = model.ignored_tensors()
+    for name in ("model.vision_tower.std_bias", "model.embed_vision.embedding_projection.weight",
+                 "model.audio_tower.layers.0.feed_forward1.ffw_layer_1.linear.weight"):
+      self.assertTrue(any(re.match(p, name) and r for p, r in ignored.items()), name)
+    self.assertFalse(any(re.match(p, "model.language_model.layers.0.mlp.up_proj.weight") for p in ignored))
+    self.assertNotIn("use_multimodal", {k for k, v in model.runtime.config.overrides().items() if v})
+
+  def test_llama4_tower_only_with_its_wrapper(self):
+    self.assertFalse(_resolve("llama4_16e").multimodal)
+    text = families.resolve(parse_model_config(tiny_models.config_json("llama4_mm"), "config.json"), text_only=True)
+    self.assertNotIn("hidden_size_for_vit", text.runtime.config.overrides())
+    for name in ("vision_model.class_embedding", "multi_modal_projector.linear_1.weight"):
+      self.assertIn("(--text_only)", next(r for p, r in text.ignored_tensors().items() if re.match(p, name)), name)
+
+  @parameterized.named_parameters(
+      ("vision_eps_differs_from_text_eps", "qwen3_vl", None, {"text_config": {"rms_norm_eps": 1e-5}},
+       "tower's LayerNorm eps 1e-06"),
+      ("merger_output_not_the_text_width", "qwen3_vl", None, {"vision_config": {"out_hidden_size": 32}},
+       "out_hidden_size=32 differs from the text hidden_size=64"),
+      ("deepstack_index_past_the_tower", "qwen3_vl_moe", None, {"vision_config": {"deepstack_visual_indexes": [0, 3]}},
+       r"deepstack_visual_indexes=\[0, 3\]: each must be a distinct block index below depth=3"),
+      ("erf_gelu_vision_blocks", "qwen3_5_mm", None, {"vision_config": {"hidden_act": "gelu"}}, "tanh GELU"),
+      ("position_table_not_square", "qwen3_vl", None, {"vision_config": {"num_position_embeddings": 12}},
+       "not a square"),
+      ("image_token_moved", "qwen3_vl", None, {"image_token_id": 151654}, "hard-codes 151655"),
+      ("qwen3_5_image_token_moved", "qwen3_5_mm", None, {"vision_start_token_id": 151652}, "hard-codes 248053"),
+      ("moe_checkpoint_on_a_dense_name", "qwen3_vl_moe", "qwen3-vl-4b", {}, "runs as qwen3-vl-30b-a3b"),
+      ("dense_checkpoint_on_the_moe_name", "qwen3_vl", "qwen3-vl-30b-a3b", {}, "qwen3-vl-2b or qwen3-vl-4b"),
+      ("mrope_sections_not_half_the_head", "qwen3_vl", None,
+       {"text_config": {"rope_parameters": {"rope_type": "default", "rope_theta": 5e6, "mrope_section": [8, 8, 8]}}},
+       "split head_dim/2 = 16"),
+      ("mrope_not_interleaved", "qwen3_vl", None,
+       {"text_config": {"rope_parameters": {"rope_type": "default", "rope_theta": 5e6, "mrope_section": [6, 5, 5],
+                                            "mrope_interleaved": False}}}, "mrope_interleaved=false"),
+      ("qwen3_vl_dense_layers_among_moe", "qwen3_vl_moe", None, {"text_config": {"mlp_only_layers": [1]}},
+       "mlp_only_layers"),
+  )
+  def test_qwen_vision_refused_with_the_reason(self, model, target, changes, text):
+    with self.assertRaisesRegex(ConversionError, text):
+      _resolve(model, target, **changes).warnings()
+
+  def test_qwen_vision_expressible_configs_convert_without_warnings(self):
+    for model in ("qwen3_vl", "qwen3_vl_moe", "qwen3_5_mm"):
+      resolved = _resolve(model)
+      self.assertEqual(resolved.warnings(), [], model)
+      self.assertTrue(resolved.multimodal, model)
+
+  def test_qwen3_5_fp8_names_leave_the_tower_out(self):
+    # MaxText's qwen3.5-*-fp8 names refuse use_multimodal: the tower is skipped with one warning saying so.
+    resolved = _resolve("qwen3_5_mm", "qwen3.5-35b-a3b-fp8")
+    self.assertFalse(resolved.multimodal)
+    self.assertLen([w for w in resolved.warnings() if "vision tower (model.visual.*) is not converted" in w], 1)
+    self.assertIn("fp8", next(r for p, r in resolved.ignored_tensors().items() if "visual" in p))
+
+  def test_qwen3_vl_moe_expert_layout_by_shape_even_when_e_is_2m(self):
+    # Hidden 96 = 2 x 48: gate_up_proj has one shape in both layouts, down_proj tells them apart.
+    resolved = _resolve("qwen3_vl_moe", text_config={"hidden_size": 96}, vision_config={"out_hidden_size": 96})
+    group = resolved.layout(resolved.config.vocab_size, False).groups[0]
+    experts = "model.language_model.layers.0.mlp.experts"
+    for down, layout in (((4, 48, 96), "hub"), ((4, 96, 48), "saved")):
+      stored = {f"{experts}.gate_up_proj": (4, 96, 96), f"{experts}.down_proj": down}
+      params = group.resolved(lambda name, stored=stored: stored.get(name, (0,))).params
+      wo = next(p for p in params if p.maxtext == "moe_block/wo")
+      self.assertEqual(tuple(wo.hf_shape), down, layout)
+      self.assertEqual(bool(wo.ops), layout == "saved")
+
+  def test_qwen_text_only_keeps_the_decoder_keys(self):
+    # --text_only: no tower keys but the empty deepstack list that lets MaxText scan a qwen3-vl name.
+    model = families.resolve(parse_model_config(tiny_models.config_json("qwen3_vl"), "config.json"), text_only=True)
+    overrides = model.runtime.config.overrides()
+    self.assertEqual((overrides["use_multimodal"], overrides["deepstack_visual_indexes_for_vit"]), (False, []))
+    self.assertNotIn("hidden_size_for_vit", overrides)
+    self.assertIn("(--text_only)", model.ignored_tensors()[r"model\.visual\."])
+
+
+  # Qwen3-Omni nests every setting under thinker_config (its text, vision and audio configs one level deeper).
+  @staticmethod
+  def _omni(target: str | None = None, *, text=None, vision=None, audio=None, text_only=False,
+            **thinker) -> families.ResolvedModel:
+    """The tiny Omni thinker's config.json with `thinker` keys changed (None: left out of config.json) and the
+    nested configs' keys updated."""
+    raw = tiny_models.config_json("qwen3_omni")
+    t = raw["thinker_config"] = {k: v for k, v in {**raw["thinker_config"], **thinker}.items() if v is not None}
+    for key, changes in (("text_config", text), ("vision_config", vision), ("audio_config", audio)):
+      t[key] = {**t[key], **(changes or {})}
+    return families.resolve(parse_model_config(raw, "config.json"), target_model=target, text_only=text_only)
+
+  @parameterized.named_parameters(
+      ("omni_audio_placeholder_left_to_transformers", {"audio_token_id": None},
+       r"audio_token_id=151646 \(transformers' default\), MaxText hard-codes 151675"),
+      ("omni_audio_start_moved", {"audio_start_token_id": 151647}, "audio_start_token_id=151647, MaxText hard-codes"
+       " 151669"),
+      ("omni_audio_end_moved", {"audio_end_token_id": 151671}, "audio_end_token_id=151671, MaxText hard-codes 151670"),
+      ("omni_image_token_moved", {"image_token_id": 151654}, "image_token_id=151654: MaxText 0.2.5 hard-codes 151655"),
+      ("omni_vision_start_moved", {"vision_start_token_id": 151650}, "vision_start_token_id=151650"),
+      ("omni_audio_output_not_the_text_width", {"audio": {"output_dim": 96}},
+       "output_dim=96 differs from the text hidden_size=64"),
+      ("omni_audio_heads_do_not_divide", {"audio": {"encoder_attention_heads": 3}},
+       "d_model=128 is not a multiple of encoder_attention_heads=3"),
+      ("omni_audio_activation_not_gelu", {"audio": {"activation_function": "relu"}},
+       "activation_function='relu': MaxText's audio convs"),
+      ("omni_audio_dims_missing", {"audio": {"n_window": None}}, "missing required key audio_config.n_window"),
+      ("omni_rope_scaling", {"text": {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6,
+                                                           "mrope_section": [6, 5, 5]}}}, "applies no rope scaling"),
+      ("omni_mrope_sections_not_half_the_head", {"text": {"rope_parameters": {"rope_type": "default",
+                                                                                "rope_theta": 1e6,
+                                                                                "mrope_section": [8, 5, 5]}}},
+       "must split head_dim/2 = 16"),
+      ("omni_dense_layers_among_moe", {"text": {"mlp_only_layers": [1]}}, "dense layers among MoE layers"),
+      ("omni_other_model_name", {"target": "qwen3-omni-7b"}, "one Qwen3-Omni model, qwen3-omni-30b-a3b"),
+  )
+  def test_qwen3_omni_refused_with_the_reason(self, changes, text):
+    with self.assertRaisesRegex(ConversionError, text):
+      model = self._omni(**changes)
+      model.layout(model.config.vocab_size, False)
+      model.warnings()
+
+  @parameterized.named_parameters(
+      ("processor_chunk", {"n_window": 40}, "hard-codes chunks of 100"),
+      ("attention_window_past_the_chunk", {"n_window_infer": 400}, "attends across the 100-frame chunks"),
+  )
+  def test_qwen3_omni_audio_windows_warn(self, audio, text):
+    warnings = self._omni(audio=audio).warnings()
+    self.assertLen([w for w in warnings if text in w], 1, warnings)
+
+  def test_qwen3_omni_converts_without_warnings(self):
+    model = self._omni()
+    self.assertEqual(model.warnings(), [])
+    self.assertEqual(model.target, "qwen3-omni-30b-a3b")
+    overrides = model.runtime.config.overrides()
+    keys = ("use_multimodal", "use_audio", "deepstack_visual_indexes_for_vit", "position_id_per_seconds")
+    self.assertEqual([overrides[k] for k in keys], [True, True, [0, 1], 13])
+
+  def test_qwen3_omni_scans_only_without_its_towers(self):
+    # The deepstack mergers feed single decoder layers: refused scanned before any tensor is read (no source).
+    model = self._omni()
+    with self.assertRaisesRegex(ConversionError, "deepstack.*--scan_layers=false"):
+      plan.build_plan(None, model, PlanOptions(scan_layers=True))
+    text = self._omni(text_only=True)
+    overrides = text.runtime.config.overrides()
+    keys = ("use_multimodal", "use_audio", "deepstack_visual_indexes_for_vit")
+    self.assertEqual([overrides[k] for k in keys], [False, False, []])
+    self.assertNotIn("d_model_for_audio", overrides)
+    self.assertEqual([g.path for g in text.layout(text.config.vocab_size, True).groups], [("decoder", "layers")])
+
+  def test_qwen3_omni_skips_the_speech_output_modules(self):
+    ignored = self._omni(text_only=True).ignored_tensors()
+    for name in ("talker.model.layers.0.mlp.gate.weight", "code2wav.decoder.0.conv.weight",
+                 "thinker.audio_tower.conv2d1.weight", "thinker.visual.blocks.0.attn.qkv.weight"):
+      self.assertTrue(any(re.match(pattern, name) and reason for pattern, reason in ignored.items()), name)
+    self.assertFalse(any(re.match(p, "thinker.model.layers.0.mlp.gate.weight") for p in ignored))
 
 
 if __name__ == "__main__":

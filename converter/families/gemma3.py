@@ -1,4 +1,5 @@
-"""Gemma 3 text: Gemma 2's norms (w + 1) and final soft cap, q/k norms (w + 1), five sliding-window layers then
+"""Gemma 3 (`Gemma3ForCausalLM`, and `Gemma3ForConditionalGeneration` with its SigLIP vision tower and projector:
+converter/families/towers/siglip.py) text decoder: Gemma 2's norms (w + 1) and final soft cap, q/k norms (w + 1), five sliding-window layers then
 one global, local and global rope bases, linear rope scaling on global layers only, query scale at run time chosen
 by the MaxText model name. transformers' Gemma3 never applies `attn_logit_softcapping`, so MaxText's is turned off.
 Scanned, MaxText stacks blocks of 6 layers (`decoder/layers/layers_{j}`) and keeps the remainder unscanned
@@ -9,10 +10,18 @@ import math
 
 from converter.errors import ConversionError
 from converter.families import common
-from converter.families.base import Family, Layout
+from converter.families.base import Family, Layout, Towers
+from converter.families.towers import siglip
 from converter.families.runtime import Decoder, Runtime
 from converter.model_config import ModelConfig
 
+MULTIMODAL = "Gemma3ForConditionalGeneration"
+TEXT = "language_model.model."  # The text model's tensors in the multimodal checkpoint, as the hub stores them.
+# transformers 5.24's `save_pretrained` writes the tower without `vision_model.`; its in-memory names (and some
+# re-exports) put everything under `model.`.
+ALIASES = ((r"^model\.language_model\.", TEXT), (r"^model\.vision_tower\.(vision_model\.)?", "vision_tower.vision_model."),
+           (r"^vision_tower\.(?!vision_model\.)", "vision_tower.vision_model."),
+           (r"^model\.multi_modal_projector\.", "multi_modal_projector."))
 PATTERN = (True,) * 5 + (False,)  # MaxText's GEMMA3_ATTENTION_PATTERN: layer_id % 6 == 5 is global.
 # MaxText 0.2.5's gemma3.get_query_pre_attn_scalar: by model name, ValueError for any other name.
 HEAD_DIM_SCALED = ("gemma3-4b", "gemma3-12b")
@@ -59,8 +68,15 @@ def _decoder(cfg: ModelConfig, target: str) -> Decoder:
 def _layout(cfg: ModelConfig, target: str, target_vocab: int, scan_layers: bool) -> Layout:
   rules = common.gemma_rules(cfg, query_scale=None)
   layer = common.sandwich_layer(cfg, rules, _decoder(cfg, target), qk_norm=True)
-  return Layout(common.embeddings(cfg, target_vocab, rules),
-                common.block_layer_groups(layer, len(PATTERN), cfg.num_layers, scan_layers))
+  layout = Layout(common.embeddings(cfg, target_vocab, rules),
+                  common.block_layer_groups(layer, len(PATTERN), cfg.num_layers, scan_layers))
+  return layout.under(TEXT) if cfg.architecture == MULTIMODAL else layout
+
+
+def _towers(cfg: ModelConfig, target: str) -> Towers | None:
+  if cfg.architecture != MULTIMODAL:
+    return None
+  return siglip.towers(cfg, tower="vision_tower.vision_model", projector="multi_modal_projector")
 
 
 def _runtime(cfg: ModelConfig, target: str) -> Runtime:
@@ -68,7 +84,8 @@ def _runtime(cfg: ModelConfig, target: str) -> Runtime:
   return common.runtime(
       cfg, _decoder(cfg, target), normalize_embedding_logits=True, sliding_window_size=cfg.require("sliding_window"),
       attn_logits_soft_cap=0.0,  # transformers' Gemma3 never applies attn_logit_softcapping; MaxText would.
-      final_logits_soft_cap=common.soft_cap(cfg.get("final_logit_softcapping")), rope_max_timescale=global_theta,
+      final_logits_soft_cap=0.0 if cfg.architecture == MULTIMODAL else common.soft_cap(cfg.get("final_logit_softcapping")),
+      rope_max_timescale=global_theta,
       local_rope_max_timescale=local_theta, rope_linear_scaling_factor=linear_factor(cfg))
 
 
@@ -92,6 +109,9 @@ def _check(cfg: ModelConfig, target: str) -> list[str]:
     )
   common.layer_pattern(cfg, _decoder(cfg, target), hf_pattern=int(cfg.get("sliding_window_pattern") or 6))
   warnings = common.gemma_checks(cfg, target, "hidden_activation")
+  if cfg.architecture == MULTIMODAL and cfg.get("final_logit_softcapping"):
+    warnings.append(f"{cfg.path}: final_logit_softcapping={cfg.get('final_logit_softcapping')} is ignored by"
+                    f" transformers' {MULTIMODAL}; the MaxText overrides turn it off (final_logits_soft_cap=0) to match")
   if cfg.get("attn_logit_softcapping"):
     warnings.append(f"{cfg.path}: attn_logit_softcapping={cfg.get('attn_logit_softcapping')} is ignored by"
                     " transformers' Gemma3 attention; the MaxText overrides turn it off (attn_logits_soft_cap=0) to"
@@ -105,10 +125,12 @@ def _check(cfg: ModelConfig, target: str) -> list[str]:
 
 FAMILY = Family(
     name="gemma3",
-    architectures=("Gemma3ForCausalLM",),
+    architectures=("Gemma3ForCausalLM", MULTIMODAL),
     targets=("gemma3",),
     infer_target=_infer_target,
     runtime=_runtime,
     layout=_layout,
     check=_check,
+    towers=_towers,
+    tensor_aliases=lambda cfg: ALIASES if cfg.architecture == MULTIMODAL else (),
 )

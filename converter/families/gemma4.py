@@ -1,5 +1,7 @@
 """Gemma 4 (`gemma4-26b` MoE, `gemma4-31b` dense) from `Gemma4ForCausalLM` or the hub's
-`Gemma4ForConditionalGeneration` (text weights only: the vision and audio towers and their embedders are skipped).
+`Gemma4ForConditionalGeneration`, whose vision tower and embedder convert too (converter/families/towers/
+gemma4_vision.py; `--text_only` leaves them out). MaxText 0.2.5 has no Gemma 4 audio encoder, so an audio tower and
+its embedder (`model.audio_tower.*`, `model.embed_audio.*`) are skipped, saying so.
 
 Unlike Gemma 1-3 the norms are plain scales (HF's `Gemma4RMSNorm` is x * w): stored as they are. The embedding holds
 sqrt(E) as before (tied logits are divided by it at run time); queries are not scaled (HF's scaling is 1). Five
@@ -23,11 +25,13 @@ from typing import Any, Callable
 from converter import ops
 from converter.errors import ConversionError
 from converter.families import common
-from converter.families.base import ROTARY_CACHES, Family, LayerGroup, Layout, Param
+from converter.families.base import ROTARY_CACHES, Family, LayerGroup, Layout, Param, Towers
 from converter.families.runtime import Decoder, Runtime
+from converter.families.towers import gemma4_vision
 from converter.model_config import ModelConfig
 
-ARCHITECTURES = ("Gemma4ForCausalLM", "Gemma4ForConditionalGeneration")
+MULTIMODAL = "Gemma4ForConditionalGeneration"
+ARCHITECTURES = ("Gemma4ForCausalLM", MULTIMODAL)
 PATTERN = (True,) * 5 + (False,)  # MaxText's GEMMA4_ATTENTION_PATTERN: layer i is global iff i % 6 == 5.
 MOE, DENSE = "gemma4-26b", "gemma4-31b"
 # transformers 5.24's Gemma4TextConfig defaults, for keys a config.json may leave out.
@@ -45,7 +49,7 @@ def hf(cfg: ModelConfig, key: str) -> Any:
 
 def text_model(cfg: ModelConfig) -> str:
   """Where the text model's tensors are: `model.language_model` in the multimodal checkpoint, else `model`."""
-  return "model.language_model" if cfg.architecture == "Gemma4ForConditionalGeneration" else "model"
+  return "model.language_model" if cfg.architecture == MULTIMODAL else "model"
 
 
 def is_small(cfg: ModelConfig) -> bool:
@@ -230,10 +234,19 @@ def layer_groups(params_of_layer: Callable[[int], tuple[Param, ...]], cfg: Model
   return tuple(groups)
 
 
+def has_vision(cfg: ModelConfig) -> bool:
+  """A multimodal checkpoint with a vision tower (config.json's `vision_config`)."""
+  return cfg.architecture == MULTIMODAL and isinstance(cfg.get("vision_config"), dict)
+
+
 def ignored(cfg: ModelConfig) -> dict[str, str]:
+  """Rotary caches and, in a multimodal checkpoint, the audio tower and its embedder: no MaxText Gemma 4 model
+  has an audio encoder (MaxText 0.2.5's AudioEncoder knows only Qwen3-Omni's)."""
   ignored_tensors = dict(ROTARY_CACHES)
-  if cfg.architecture == "Gemma4ForConditionalGeneration":
-    ignored_tensors[r"model\.(?!language_model\.)"] = "not the text model (vision and audio towers and embedders)"
+  if cfg.architecture == MULTIMODAL:
+    ignored_tensors[r"model\.(audio_tower|embed_audio)\."] = (
+        "Gemma 4's audio tower and its embedder: MaxText 0.2.5 has no Gemma 4 audio encoder (the converted model"
+        " takes no audio)")
   return ignored_tensors
 
 
@@ -285,6 +298,15 @@ def _runtime(cfg: ModelConfig, target: str) -> Runtime:
                         share_kv_projections=bool(hf(cfg, "attention_k_eq_v")))
 
 
+def _towers(cfg: ModelConfig, target: str) -> Towers | None:
+  return gemma4_vision.towers(cfg) if has_vision(cfg) else None
+
+
+def _check(cfg: ModelConfig, target: str) -> list[str]:
+  warnings = checks(cfg, target, decoder(PATTERN))
+  return warnings + (gemma4_vision.warnings(cfg) if has_vision(cfg) else [])
+
+
 FAMILY = Family(
     name="gemma4",
     architectures=ARCHITECTURES,
@@ -292,7 +314,8 @@ FAMILY = Family(
     infer_target=lambda cfg: MOE if _moe(cfg) else DENSE,
     runtime=_runtime,
     layout=_layout,
-    check=lambda cfg, target: checks(cfg, target, decoder(PATTERN)),
+    check=_check,
     ignored_tensors=ignored,
     reads=lambda cfg: not is_small(cfg),
+    towers=_towers,
 )

@@ -1,5 +1,8 @@
 """Gemma 4 small (`gemma4-e2b`, `gemma4-e4b`): Gemma 4's dense decoder (gemma4.py) plus per-layer embeddings and
-KV sharing, from `Gemma4ForCausalLM` or the hub's `Gemma4ForConditionalGeneration` (text weights only).
+KV sharing, from `Gemma4ForCausalLM` or the hub's `Gemma4ForConditionalGeneration`. MaxText 0.2.5 has no multimodal
+form of these two names (configs/types.py refuses `use_multimodal` for them: their vision towers use clipped
+linears, which its Gemma 4 tower lacks, and it has no Gemma 4 audio encoder), so a multimodal checkpoint converts
+its text decoder alone, with a warning that says so, and its towers and embedders are skipped.
 
 Per-layer embeddings (PLE): one more table `embed_tokens_per_layer` (V_ple, L*P), stored unscaled (MaxText multiplies
 by sqrt(P) at run time), mixed with a projection of the token embedding, gate a residual branch at the end of every
@@ -97,12 +100,21 @@ def _check(cfg: ModelConfig, target: str) -> list[str]:
   if gemma4.hf(cfg, "attention_k_eq_v"):
     raise ConversionError(f"{cfg.path}: attention_k_eq_v is true; MaxText's {target} (gemma4_small) has a value"
                           " projection in every layer that computes keys")
-  return gemma4.checks(cfg, target, _decoder(target))
+  warnings = gemma4.checks(cfg, target, _decoder(target))
+  if cfg.architecture == gemma4.MULTIMODAL:
+    warnings.append(f"{cfg.path}: {target} has no multimodal form in MaxText 0.2.5 (it refuses use_multimodal for"
+                    f" {E2B} and {E4B}): converting the text decoder alone, its towers and embedders skipped; the"
+                    " converted model takes text only")
+  return warnings
 
 
 def _ignored(cfg: ModelConfig) -> dict[str, str]:
-  """Also the k/v projections and norms hub checkpoints keep for KV-shared layers (transformers drops them)."""
+  """Also the vision tower and embedder of a multimodal checkpoint (no multimodal form in MaxText), and the k/v
+  projections and norms hub checkpoints keep for KV-shared layers (transformers drops them)."""
   ignored = gemma4.ignored(cfg)
+  if cfg.architecture == gemma4.MULTIMODAL:
+    ignored[r"model\.(vision_tower|embed_vision)\."] = (
+        f"Gemma 4's vision tower and its embedder: MaxText 0.2.5 runs {E2B} and {E4B} on text only")
   shared = [str(i) for i in range(cfg.num_layers) if _kv_shared(cfg, i)]
   if shared:
     ignored[rf"{re.escape(gemma4.text_model(cfg))}\.layers\.({'|'.join(shared)})\.self_attn\.(k_proj|v_proj|k_norm|"

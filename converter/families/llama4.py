@@ -1,5 +1,6 @@
-"""Llama 4 text (`llama4-17b-16e` Scout-like, `llama4-17b-128e` Maverick-like), from `Llama4ForCausalLM` or the
-hub's `Llama4ForConditionalGeneration` (text weights only: the vision tower and projector are skipped).
+"""Llama 4 (`llama4-17b-16e` Scout-like, `llama4-17b-128e` Maverick-like), from `Llama4ForCausalLM` or the hub's
+`Llama4ForConditionalGeneration`, whose vision tower, pixel-shuffle adapter and projector convert too
+(converter/families/towers/llama4_vision.py; `--text_only` leaves them out).
 
 MoE layers every `interleave_moe_layer_step` layers (the others dense), each a sigmoid top-1 router, experts fused in
 HF tensors that already hold every expert (gate and up are the two halves of `gate_up_proj`) and one shared expert;
@@ -14,8 +15,9 @@ import math
 from converter import ops
 from converter.errors import ConversionError
 from converter.families import common
-from converter.families.base import ROTARY_CACHES, Family, Layout, Param
+from converter.families.base import Family, Layout, Param, Towers
 from converter.families.runtime import Decoder, Runtime
+from converter.families.towers import llama4_vision
 from converter.model_config import ModelConfig
 
 MULTIMODAL = "Llama4ForConditionalGeneration"
@@ -119,11 +121,8 @@ def _check(cfg: ModelConfig, target: str) -> list[str]:
   return warnings
 
 
-def _ignored(cfg: ModelConfig) -> dict[str, str]:
-  ignored = dict(ROTARY_CACHES)
-  if cfg.architecture == MULTIMODAL:
-    ignored[r"(vision_model|multi_modal_projector)\."] = "the vision tower and projector (text weights only)"
-  return ignored
+def _towers(cfg: ModelConfig, target: str) -> Towers | None:
+  return llama4_vision.towers(cfg) if cfg.architecture == MULTIMODAL else None
 
 
 FAMILY = Family(
@@ -134,5 +133,5 @@ FAMILY = Family(
     runtime=_runtime,
     layout=_layout,
     check=_check,
-    ignored_tensors=_ignored,
+    towers=_towers,
 )

@@ -1,5 +1,6 @@
 """Qwen3.5-MoE (`qwen3.5-*`), from `Qwen3_5MoeForCausalLM` or the hub's `Qwen3_5MoeForConditionalGeneration` (text
-weights only: `model.visual.*` and the `mtp.*` module are skipped): Qwen3-Next's hybrid decoder
+under `model.language_model.`, the vision tower under `model.visual.`, converted with it: the Qwen vision tower
+without deepstack mergers, converter/families/towers/qwen_vision.py; `mtp.*` is skipped): Qwen3-Next's hybrid decoder
 (converter/families/hybrid.py) with the linear attention's projections stored apart.
 
 HF keeps `in_proj_qkv` flat ([q of every key head | k | v]) and `in_proj_z`, `in_proj_b`, `in_proj_a` separate;
@@ -8,14 +9,18 @@ source fills its slot of the packed leaf (a plain concatenation keeps the shape 
 head). Routed experts come one by one (transformers 5.24's `save_pretrained`) or fused (`gate_up_proj` with the
 gate's rows first, `down_proj`; the hub repos): both are read, the reverse direction writes them one by one.
 Scanned, MaxText groups layers by their place in the cycle: `decoder/layers/layer_{k}` holds HF layers k, k + c, ...
-FP8 checkpoints (`Qwen3.5-*-FP8`) are read through the fp8 source, dequantized to the save dtype, or kept in FP8
-for MaxText's `qwen3.5-*-fp8` models (`--keep_fp8`; its unquantized modules are listed below, as its configs say).
+The tower has no deepstack mergers, so the decoder scans with it as without it.
+FP8 checkpoints (`Qwen3.5-*-FP8`) are read through the fp8 source, dequantized to the save dtype (the tower, which
+the hub repos leave unquantized, converted as usual), or kept in FP8 for MaxText's `qwen3.5-*-fp8` models
+(`--keep_fp8`; its unquantized modules are listed below, as its configs say). Those names have no multimodal form
+(configs/types.py refuses use_multimodal for them): targeting one leaves the tower out, with a warning.
 """
 
 from converter import ops
 from converter.families import common, hybrid
-from converter.families.base import ROTARY_CACHES, Alternatives, Family, LayerGroup, Layout, Param
+from converter.families.base import ROTARY_CACHES, Alternatives, Family, LayerGroup, Layout, Param, Towers
 from converter.families.runtime import Runtime
+from converter.families.towers import qwen_vision
 from converter.model_config import ModelConfig
 
 MULTIMODAL = "Qwen3_5MoeForConditionalGeneration"
@@ -90,9 +95,26 @@ def _runtime(cfg: ModelConfig, target: str) -> Runtime:
                         **hybrid.overrides(cfg))
 
 
+def _towers(cfg: ModelConfig, target: str) -> Towers | None:
+  """The wrapper's tower, except for the fp8 names, which have no multimodal form (`_check` says so)."""
+  if cfg.architecture != MULTIMODAL or target.endswith("-fp8"):
+    return None
+  return qwen_vision.towers(cfg, prefix="model.visual", kind=qwen_vision.QWEN3_5)
+
+
+def _check(cfg: ModelConfig, target: str) -> list[str]:
+  warnings = hybrid.checks(cfg, target)
+  if cfg.architecture == MULTIMODAL and target.endswith("-fp8"):
+    warnings.append(f"{cfg.path}: --target_model={target}: MaxText 0.2.5's fp8 models take no use_multimodal, so"
+                    " the vision tower (model.visual.*) is not converted; target the name without -fp8 to convert"
+                    " it")
+  return warnings
+
+
 def _ignored(cfg: ModelConfig) -> dict[str, str]:
+  """`mtp.*` always; the tower where the target has no multimodal form (the fp8 names)."""
   return {**ROTARY_CACHES, r"mtp\.": "the multi-token-prediction module, which MaxText's model does not have",
-          r"model\.visual\.": "the vision tower (text weights only)"}
+          r"model\.visual\.": "the vision tower, which MaxText's fp8 models cannot run"}
 
 
 FAMILY = Family(
@@ -102,8 +124,9 @@ FAMILY = Family(
     infer_target=common.single_target("qwen3.5"),
     runtime=_runtime,
     layout=_layout,
-    check=hybrid.checks,
+    check=_check,
     ignored_tensors=_ignored,
+    towers=_towers,
     fp8_unquantized_modules=("token_embedder", "logits_dense", "gate", "shared_expert_gate", "conv1d", "in_proj_ba",
                              "A_log", "dt_bias", "norm"),
 )

@@ -84,6 +84,9 @@ class MaxTextConfig:
   indexer_head_dim: int | None = None
   indexer_topk: int | None = None
   use_multimodal: bool | None = None
+  use_audio: bool | None = None
+  # The towers' keys (`*_for_vit`, `*_for_audio`, ...: converter/families/base.Towers), emitted after the rest.
+  towers: tuple[tuple[str, Any], ...] | None = None
   # Native fp8 models (--keep_fp8): FP8 kernels with block scales, the modules MaxText keeps in `dtype`.
   weight_dtype: str | None = None
   weight_block_size: int | None = None
@@ -106,9 +109,19 @@ class MaxTextConfig:
   num_kv_shared_layers: int | None = None  # The last layers reuse the keys and values of an earlier one.
   use_double_wide_mlp: bool | None = None  # KV-shared layers have MLPs twice as wide.
 
+  @classmethod
+  def from_overrides(cls, overrides: dict[str, Any]) -> MaxTextConfig:
+    """The config whose `overrides()` are `overrides` (as recorded): keys that are not fields are the towers'."""
+    names = {f.name for f in dataclasses.fields(cls)} - {"towers"}
+    values = {k: tuple(v) if isinstance(v, list) else v for k, v in overrides.items()}  # JSON keeps tuples as lists.
+    towers = tuple((k, v) for k, v in values.items() if k not in names)
+    return cls(**{k: v for k, v in values.items() if k in names}, towers=towers or None)
+
   def overrides(self) -> dict[str, Any]:
     """The `key=value` pairs a user passes to MaxText, in declaration order."""
-    return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) is not None}
+    values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) is not None}
+    towers = dict(values.pop("towers", ()))
+    return {**values, **towers}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -233,10 +233,15 @@ def run_logits(args, overrides):
   from maxtext.common.common_types import MODEL_MODE_TRAIN  # pylint: disable=import-outside-toplevel
   from maxtext.utils import maxtext_utils, model_creation_utils  # pylint: disable=import-outside-toplevel
 
+  extra = {}
+  if args.inputs:  # A multimodal case: token ids and the arrays of MaxText's model call, in one .npz.
+    with np.load(args.inputs) as case:
+      extra = {k: case[k] for k in case.files}
+    args.token_ids = args.token_ids or args.inputs
   for name in ("checkpoint", "token_ids", "output"):
     if not getattr(args, name):
       raise SystemExit(f"--{name} is required in logits mode")
-  ids = np.load(args.token_ids)
+  ids = extra.pop("token_ids") if "token_ids" in extra else np.load(args.token_ids)
   if ids.ndim == 1:
     ids = ids[None, :]
   if ids.ndim != 2:
@@ -273,19 +278,43 @@ def run_logits(args, overrides):
 
   # Run the loaded NNX model itself (linen params made from its state would keep only nnx.Param), jitted as
   # MaxText's own NNX callers do: op-by-op it takes ~6x longer (20 s vs 3.3 s for the unscanned tiny Llama 4).
-  @nnx.jit
-  def forward(model, tokens, positions, segment_ids):
-    return model(tokens, positions, decoder_segment_ids=segment_ids, enable_dropout=False, model_mode=MODEL_MODE_TRAIN)
+  def forward_fn(model, tokens, positions, segment_ids, inputs):
+    return model(tokens, positions, decoder_segment_ids=segment_ids, enable_dropout=False, model_mode=MODEL_MODE_TRAIN,
+                 **inputs)
+
+  forward = nnx.jit(forward_fn)
 
   # Loaded outside `jax.set_mesh`: under it, Flax rejects the shardings of some decoders' parameters whose logical
   # axes map to one mesh axis twice (Qwen3-Next's gated delta net: DuplicateSpecError), as MaxText's own
   # create_nnx_abstract_model notes; the forward pass runs under the mesh.
   with nn_partitioning.axis_rules(config.logical_axis_rules):
     model = model_creation_utils.from_pretrained(config, mesh=mesh, model_mode=MODEL_MODE_TRAIN)
-  with jax.set_mesh(mesh), nn_partitioning.axis_rules(config.logical_axis_rules):
-    positions = jnp.broadcast_to(jnp.arange(seq, dtype=jnp.int32)[None, :], (batch, seq))
-    logits = forward(model, jnp.asarray(ids), positions, jnp.ones((batch, seq), dtype=jnp.int32))
-  logits = np.asarray(jax.device_get(logits), dtype=np.float32)
+  rope_index = {k[len(ROPE_INDEX):]: extra.pop(k) for k in [k for k in extra if k.startswith(ROPE_INDEX)]}
+  if rope_index:
+    extra["decoder_positions"] = rope_index_positions(config, ids, rope_index)
+  positions = extra.pop("decoder_positions", None)
+  if positions is None:
+    positions = np.broadcast_to(np.arange(seq, dtype=np.int32)[None, :], (batch, seq))
+  inputs = {k: jnp.asarray(v) for k, v in extra.items()}
+
+  def run() -> np.ndarray:
+    with jax.set_mesh(mesh), nn_partitioning.axis_rules(config.logical_axis_rules):
+      out = forward(model, jnp.asarray(ids), jnp.asarray(positions), jnp.ones((batch, seq), dtype=jnp.int32), inputs)
+    return np.asarray(jax.device_get(out), dtype=np.float32)
+
+  logits = run()
+  if args.align:
+    # The same checkpoint and inputs with MaxText's known arithmetic differences switched to transformers' for
+    # the duration of the forward (no parameter changes): what the checkpoint alone decides.
+    import contextlib  # pylint: disable=import-outside-toplevel
+
+    with contextlib.ExitStack() as stack:
+      for name in args.align:
+        stack.enter_context(ALIGNMENTS[name]())
+      forward = nnx.jit(forward_fn)  # Traced afresh under the patches.
+      aligned = run()
+    np.save(args.aligned_output, aligned)
+    print(f"[maxtext_logits] wrote {args.aligned_output} (aligned: {', '.join(args.align)})", file=sys.stderr)
   if args.keep_padded_vocab is False and args.vocab and logits.shape[-1] > args.vocab:
     logits = logits[..., : args.vocab]
   os.makedirs(os.path.dirname(os.path.abspath(args.output)) or ".", exist_ok=True)
@@ -306,12 +335,123 @@ def run_logits(args, overrides):
   return 0
 
 
+# MaxText 0.2.5 arithmetic that differs from transformers' and no checkpoint can change
+# (maxtext-contract-multimodal.md, section 2), each a context manager that switches it to transformers' arithmetic.
+ALIGNMENTS: dict = {}
+
+# Case arrays named `rope_index_<argument>` (a Qwen multimodal case: `rope_index_image_grid_thw`, Qwen3-Omni's
+# `rope_index_audio_lengths`) are not model-call arguments: they make the decoder positions, computed by MaxText's own
+# `get_rope_index` from the token ids (rope_index_positions).
+ROPE_INDEX = "rope_index_"
+
+
+def rope_index_positions(config, ids: np.ndarray, arguments: dict) -> np.ndarray:
+  """MaxText's MRoPE positions (B, S, 3) for a Qwen multimodal case, computed as its decode.py computes them
+  (`processor_qwen3_omni.get_rope_index`, the special token ids chosen by the model name), with `arguments` (its
+  keyword arguments: image_grid_thw, audio_lengths, ...)."""
+  from maxtext.multimodal import processor_qwen3_omni  # pylint: disable=import-outside-toplevel
+
+  positions, _ = processor_qwen3_omni.get_rope_index(
+      input_ids=ids, attention_mask=np.ones_like(ids), spatial_merge_size=config.spatial_merge_size_for_vit,
+      position_id_per_seconds=config.position_id_per_seconds, config=config, **arguments)
+  return np.asarray(positions, dtype=np.int32)
+
+
+def _patched(owner, name: str, replace):
+  """A context manager that sets `owner.name` to `replace(original)` and restores the original on exit."""
+  import contextlib  # pylint: disable=import-outside-toplevel
+
+  @contextlib.contextmanager
+  def patch():
+    original = getattr(owner, name)
+    setattr(owner, name, replace(original))
+    try:
+      yield
+    finally:
+      setattr(owner, name, original)
+
+  return patch()
+
+
+def _exact_gelu_inside(cls):
+  """During `cls.__call__` (and only there), `jax.nn.gelu` is the erf GELU (transformers' `nn.GELU()`) instead of
+  MaxText's tanh approximation: the calls MaxText makes elsewhere (the Qwen vision blocks' own tanh MLP) keep it."""
+  import functools  # pylint: disable=import-outside-toplevel
+
+  import jax  # pylint: disable=import-outside-toplevel
+
+  def replace(call):
+    @functools.wraps(call)
+    def exact(self, *args, **kwargs):
+      with _patched(jax.nn, "gelu", lambda gelu: functools.partial(gelu, approximate=False)):
+        return call(self, *args, **kwargs)
+
+    return exact
+
+  return _patched(cls, "__call__", replace)
+
+
+def qwen_vision_pos_embed_f32():
+  """Contract section 2 item 2: `Qwen3OmniMoeVisionPosEmbedInterpolate` is built without an fprop dtype and casts
+  its interpolated table to bfloat16; transformers adds it in float32. Switched off for the call."""
+  import functools  # pylint: disable=import-outside-toplevel
+
+  from maxtext.layers import embeddings  # pylint: disable=import-outside-toplevel
+
+  def replace(call):
+    @functools.wraps(call)
+    def float32(self, *args, **kwargs):
+      cast = self.cast_as_fprop_dtype
+      object.__setattr__(self, "cast_as_fprop_dtype", False)
+      try:
+        return call(self, *args, **kwargs)
+      finally:
+        object.__setattr__(self, "cast_as_fprop_dtype", cast)
+
+    return float32
+
+  return _patched(embeddings.Qwen3OmniMoeVisionPosEmbedInterpolate, "__call__", replace)
+
+
+def qwen_merger_exact_gelu():
+  """Contract section 2 item 3: the Qwen patch mergers (deepstack and final; `Qwen3OmniMoeVisionPatchMerger`)
+  apply tanh GELU where transformers' Qwen3-VL / Qwen3.5 / Qwen3-Omni mergers apply `nn.GELU()` (erf)."""
+  from maxtext.models import qwen3  # pylint: disable=import-outside-toplevel
+
+  return _exact_gelu_inside(qwen3.Qwen3OmniMoeVisionPatchMerger)
+
+
+def omni_audio_exact_gelu():
+  """Contract section 2 item 4: Qwen3-Omni's audio tower (its convs, `MlpBlock(("gelu",))` layers) and audio
+  projector apply tanh GELU where transformers applies erf GELU (`F.gelu`, `ACT2FN["gelu"]`)."""
+  import contextlib  # pylint: disable=import-outside-toplevel
+
+  from maxtext.models import qwen3  # pylint: disable=import-outside-toplevel
+
+  @contextlib.contextmanager
+  def tower_and_projector():
+    with _exact_gelu_inside(qwen3.Qwen3OmniAudioEncoder), _exact_gelu_inside(qwen3.Qwen3OmniAudioProjector):
+      yield
+
+  return tower_and_projector()
+
+
+ALIGNMENTS.update(qwen_vision_pos_embed_f32=qwen_vision_pos_embed_f32, qwen_merger_exact_gelu=qwen_merger_exact_gelu,
+                  omni_audio_exact_gelu=omni_audio_exact_gelu)
+
+
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--checkpoint", help="OUT/0/items of a converted checkpoint")
   p.add_argument("--model_name", required=True, help="MaxText model name, e.g. qwen3-8b")
   p.add_argument("--overrides", default="", help="JSON object of MaxText config overrides, or @file.json")
   p.add_argument("--token_ids", help=".npy int [batch, seq]")
+  p.add_argument("--inputs", help="multimodal case .npz: token_ids and MaxText model-call arrays (encoder_images, "
+                 "encoder_audios, decoder_positions)")
+  p.add_argument("--align", type=lambda v: [a for a in v.split(",") if a], default=[],
+                 help=f"also run with these alignments ({', '.join(ALIGNMENTS) or 'none defined'}) and save to"
+                 " --aligned_output")
+  p.add_argument("--aligned_output", help="where the aligned forward's logits go (.npy)")
   p.add_argument("--output", help="where to save logits .npy [batch, seq, vocab] float32")
   p.add_argument("--reference", help="optional reference logits .npy to compare against")
   p.add_argument("--atol", type=float, default=1e-4, help="max abs difference allowed against --reference")
