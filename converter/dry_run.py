@@ -5,8 +5,10 @@ from __future__ import annotations
 import collections
 import math
 
-from converter.plan import Plan
+from converter import chunking
 from converter.lazy_leaves import write_blocks
+from converter.plan import Plan
+from handlers.streaming import inner_chunk_shape
 
 # Measured (README, "Memory"): Orbax and tensorstore hold encoding buffers for the blocks in flight, so the
 # resident set grows by about this multiple of the byte budget on top of the process baseline.
@@ -28,6 +30,27 @@ def predicted_peak_bytes(plan: Plan, baseline_bytes: int, max_inflight_bytes: in
   largest_block = max(math.prod(block) * leaf.dtype.itemsize for leaf, block in zip(plan.leaves, block_shapes))
   inflight = min(max(max_inflight_bytes, largest_block), plan.total_bytes)
   return int(baseline_bytes + INFLIGHT_OVERHEAD * inflight)
+
+
+def stored_leaves(plan: Plan, max_inflight_bytes: int) -> list[chunking.StoredLeaf]:
+  """Each leaf as it will be stored: its read chunks inside its write blocks (handlers.streaming)."""
+  lazies, block_shapes, _, _ = write_blocks(plan, max_inflight_bytes)
+  out = []
+  for leaf, lazy, block in zip(plan.leaves, lazies, block_shapes):
+    chunk = inner_chunk_shape(lazy, tuple(block)) or tuple(block)
+    out.append(chunking.StoredLeaf(leaf.shape, chunk, leaf.dtype.itemsize,
+                                   leaf.logical_axes or (None,) * len(leaf.shape)))
+  return out
+
+
+def amplification_lines(leaves: list[chunking.StoredLeaf], meshes) -> list[str]:
+  """One line per mesh: what its hosts (of 4 devices) would read of the checkpoint when MaxText restores it."""
+  lines = []
+  for mesh in meshes:
+    dedup, worst = chunking.predicted_amplification(leaves, mesh)
+    lines.append(f"restore on {chunking.describe_mesh(mesh):28} reads {dedup:.2f}x the stored bytes"
+                 f" (at worst {worst:.2f}x; pre-sharded for it: {chunking.ideal_amplification(leaves, mesh):.2f}x)")
+  return lines
 
 
 def _read_formats(plan: Plan) -> collections.Counter[str]:
@@ -67,6 +90,9 @@ def describe(plan: Plan, *, baseline_bytes: int, max_inflight_bytes: int, shares
       f"predicted peak RSS: {_human(predicted_peak_bytes(plan, baseline_bytes, max_inflight_bytes))}"
       f" (budget {_human(max_inflight_bytes)})",
   ]
+  meshes = (plan.chunking.target_mesh,) if plan.chunking.target_mesh else chunking.DEFAULT_MESHES
+  lines.append(f"chunks:            {plan.chunking.record()}")
+  lines += amplification_lines(stored_leaves(plan, max_inflight_bytes), meshes)
   for index, nbytes in enumerate(shares or []) if shares and len(shares) > 1 else ():
     lines.append(f"process {index} writes: {nbytes:,} bytes ({nbytes / max(1, plan.total_bytes):.1%})")
   lines += [f"warning: {w}" for w in plan.warnings]

@@ -21,7 +21,7 @@ def _described(leaf: Leaf) -> str:
 
 
 def lazy_tensor(leaf: Leaf) -> LazyTensor:
-  return LazyTensor(_described(leaf), leaf.shape, leaf.dtype, leaf.loader)
+  return LazyTensor(_described(leaf), leaf.shape, leaf.dtype, leaf.loader, leaf.chunk_shape)
 
 
 def write_blocks(plan: Plan, max_inflight_bytes: int):
@@ -57,7 +57,8 @@ def lazy_tree(plan: Plan, *, lazy: bool, devices: int, processes: Processes) -> 
   mesh = jax.sharding.Mesh(np.array(jax.devices()[:devices]), ("devices",))
 
   def sharded(leaf: Leaf) -> Any:
-    value = ShardedLazyTensor(_described(leaf), leaf.shape, leaf.dtype, leaf.loader, _sharding_for(leaf.shape, mesh))
+    value = ShardedLazyTensor(_described(leaf), leaf.shape, leaf.dtype, leaf.loader, _sharding_for(leaf.shape, mesh),
+                              leaf.chunk_shape)
     return value if lazy else jax.device_put(value.materialize(), value.sharding)
 
   return plan.tree(sharded)

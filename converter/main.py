@@ -22,6 +22,7 @@ import time
 from absl import app, flags, logging
 
 from converter import malloc
+from converter.chunking import ChunkRule, parse_mesh
 from converter.options import PlanOptions, ReverseOptions, RunContext, SaveOptions
 
 FLAGS = flags.FLAGS
@@ -55,6 +56,12 @@ flags.DEFINE_boolean("verify", False, "After saving, re-read every leaf block by
 flags.DEFINE_boolean("resume", False, "Continue an interrupted conversion into OUTPUT_DIR from what it wrote durably.")
 flags.DEFINE_boolean("text_only", False, "Multimodal checkpoints: convert the text decoder alone, skipping the vision"
                      " (and audio) towers and projectors; MaxText then runs it with use_multimodal=false.")
+flags.DEFINE_string("target_mesh", None, "Cut every leaf's stored chunks at its shards on this MaxText mesh (its"
+                    " ici/dcn parallelism names, e.g. fsdp=64,tensor=4,expert=8): a restore on it reads each stored"
+                    " byte once. Default: chunks cut along the axes MaxText shards on fsdp, for any power-of-two fsdp"
+                    " mesh up to --chunk_fsdp_max.")
+flags.DEFINE_integer("chunk_fsdp_max", 64, "Default layout: the largest fsdp mesh (a power of two) whose every host"
+                     " reads each stored chunk it needs once.", lower_bound=1)
 flags.DEFINE_boolean("keep_fp8", False, "FP8 checkpoints: keep the FP8 kernels and write their block scales, as"
                      " MaxText's fp8 models hold them (e.g. qwen3.5-35b-a3b-fp8); half the bytes. Default: dequantize.")
 flags.DEFINE_enum("compression", "zstd", ["zstd", "none"], "Stored arrays' codec: zstd (Orbax's default, level 3)"
@@ -184,7 +191,9 @@ def _several_processes() -> bool:
 def _plan_options() -> PlanOptions:
   return PlanOptions(scan_layers=FLAGS.scan_layers, save_dtype=FLAGS.save_dtype, target_model=FLAGS.target_model,
                      target_vocab_size=FLAGS.target_vocab_size, allow_unused_tensors=FLAGS.allow_unused_tensors,
-                     keep_fp8=FLAGS.keep_fp8, text_only=FLAGS.text_only)
+                     keep_fp8=FLAGS.keep_fp8, text_only=FLAGS.text_only,
+                     chunking=ChunkRule(fsdp_max=FLAGS.chunk_fsdp_max,
+                                        target_mesh=parse_mesh(FLAGS.target_mesh) if FLAGS.target_mesh else ()))
 
 
 def _run_to_maxtext() -> None:

@@ -197,9 +197,9 @@ def native_fp8_leaves(leaves: Sequence[Any], fp8: Fp8Output, make_leaf: Callable
           " it (dequantized), or from a checkpoint that quantizes this tensor")
     kernel = converter.raw(leaf.loader, leaf.name)
     scales = converter.scales(leaf.loader, leaf.name, leaf.sources)
-    out.append(make_leaf(leaf.path, leaf.shape, np.dtype(kernel.dtype), leaf.sources, kernel))
+    out.append(make_leaf(leaf.path, leaf.shape, np.dtype(kernel.dtype), leaf.sources, kernel, leaf.logical_axes))
     out.append(make_leaf(leaf.path[:-1] + (leaf.path[-1] + "_scale",), scales.shape, np.dtype(np.float32),
-                         tuple(f"{n}_scale_inv" for n in leaf.sources), scales))
+                         tuple(f"{n}_scale_inv" for n in leaf.sources), scales, leaf.logical_axes))
   return out
 
 

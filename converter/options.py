@@ -10,6 +10,8 @@ import dataclasses
 import threading
 from typing import TYPE_CHECKING
 
+from converter.chunking import ChunkRule
+
 if TYPE_CHECKING:
   from converter.progress import Progress
   from handlers import Processes
@@ -38,6 +40,7 @@ class PlanOptions:
   allow_unused_tensors: bool = False
   keep_fp8: bool = False  # FP8 kernels kept beside their block scales (MaxText's fp8 models).
   text_only: bool = False  # A multimodal checkpoint's text decoder alone, its towers skipped.
+  chunking: ChunkRule = ChunkRule()  # Where stored chunks are cut, for the mesh that restores them.
 
 
 @dataclasses.dataclass(frozen=True)

@@ -15,8 +15,10 @@ from typing import Any, Iterator
 import numpy as np
 
 from converter import families
+from converter import logical_axes
 from converter import native_fp8
 from converter.arrays import Shape
+from converter.chunking import ChunkRule
 from converter.errors import ConversionError
 from converter.families import Family, Layout, Param, ResolvedModel
 from converter.families.runtime import Runtime
@@ -36,6 +38,10 @@ class Leaf:
   dtype: np.dtype
   sources: tuple[str, ...]
   loader: Loader
+  # MaxText's logical axis names (converter/logical_axes.py): where a restoring mesh shards it, so where its stored
+  # chunks are cut (`chunk_shape`, converter/chunking.py). None: unannotated; whole write blocks.
+  logical_axes: tuple[str | None, ...] | None = None
+  chunk_shape: Shape | None = None
 
   @property
   def name(self) -> str:
@@ -62,6 +68,7 @@ class Plan:
   unused_tensors: tuple[str, ...]
   warnings: tuple[str, ...]
   fp8: Fp8Output | None = None  # Set by --keep_fp8: FP8 kernels and their scales, as MaxText's fp8 models hold them.
+  chunking: ChunkRule = ChunkRule()
 
   @property
   def family(self) -> Family:
@@ -224,12 +231,16 @@ def _layer_leaves(sources: _Sources, layout: Layout, dtype: np.dtype) -> Iterato
       axis = params[0].scan_axis
       if not group.stacked:
         (loader, shape, _), = per_layer.values()
+        axes = logical_axes.per_layer(maxtext, len(shape))
       elif group.nested:  # Layers of a block on the scan axis, then the blocks in front of them.
         blocks = [_stack([per_layer[layer][:2] for layer in block], axis, dtype) for block in group.layers]
         loader, shape = _stack(blocks, axis, dtype)
       else:
         loader, shape = _stack([per_layer[layer][:2] for layer in group.layers], axis, dtype)
-      yield Leaf(path, shape, dtype, names, loader)
+      if group.stacked:
+        stacking = group.stacking_names
+        axes = logical_axes.stacked(logical_axes.per_layer(maxtext, len(shape) - len(stacking)), axis, stacking)
+      yield Leaf(path, shape, dtype, names, loader, axes)
 
 
 LOGITS_KERNEL = "decoder/logits_dense/kernel"
@@ -278,7 +289,8 @@ def build_plan(source: TensorSource, model: ResolvedModel, options: PlanOptions)
   leaves = []
   for maxtext, params in _by_leaf(layout.top).items():
     loader, shape, names = _leaf_loader(sources, params, None, dtype)
-    leaves.append(Leaf(tuple(maxtext.split("/")), shape, dtype, tuple(names), loader))
+    leaves.append(Leaf(tuple(maxtext.split("/")), shape, dtype, tuple(names), loader,
+                       logical_axes.per_layer(maxtext, len(shape))))
   leaves.extend(_layer_leaves(sources, layout, dtype))
   ignored = {re.compile(pattern): reason for pattern, reason in model.ignored_tensors().items()}
   skipped: dict[str, list[str]] = {}
@@ -304,7 +316,14 @@ def build_plan(source: TensorSource, model: ResolvedModel, options: PlanOptions)
   fp8 = None
   if options.keep_fp8:
     fp8, leaves = _native_fp8(source, model, leaves)
-  return Plan(model, source, target_vocab, scan_layers, dtype, tuple(leaves), tuple(unused), tuple(warnings), fp8)
+  leaves = [_chunked(leaf, options.chunking) for leaf in leaves]
+  return Plan(model, source, target_vocab, scan_layers, dtype, tuple(leaves), tuple(unused), tuple(warnings), fp8,
+              options.chunking)
+
+
+def _chunked(leaf: Leaf, rule: ChunkRule) -> Leaf:
+  axes = leaf.logical_axes or (None,) * len(leaf.shape)
+  return dataclasses.replace(leaf, chunk_shape=rule.chunk_shape(leaf.shape, axes, leaf.dtype.itemsize))
 
 
 def _native_fp8(source: TensorSource, model: ResolvedModel, leaves: list[Leaf]) -> tuple[Fp8Output, list[Leaf]]:

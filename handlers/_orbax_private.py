@@ -40,3 +40,16 @@ def add_to_default_ts_contexts(resources: dict) -> None:
 def leaf_handler_registry_of(pytree_handler) -> "StandardLeafHandlerRegistry":
   """The leaf registry an `ocp.v1.handlers.PyTreeHandler` saves and loads with (no public accessor in 0.12.8)."""
   return pytree_handler._leaf_handler_registry  # pylint: disable=protected-access
+
+
+def with_inner_chunks(json_spec: dict, inner: tuple[int, ...] | None) -> dict:
+  """`json_spec` (from `build_array_write_spec`) with its zarr3 `sharding_indexed` inner chunk set to `inner`:
+  Orbax 0.12.8 always makes it the whole write shape (its own TODO b/354139177 suggests this split) and has no
+  option for it. Specs without that codec (zarr2) are returned as they are."""
+  codecs = (json_spec.get("metadata") or {}).get("codecs") or []
+  if inner is None or not codecs or codecs[0].get("name") != "sharding_indexed":
+    return json_spec
+  spec = {**json_spec, "metadata": {**json_spec["metadata"], "codecs": [
+      {**codecs[0], "configuration": {**codecs[0]["configuration"], "chunk_shape": list(inner)}}, *codecs[1:]]}}
+  return spec
+

@@ -71,13 +71,16 @@ class LazyTensor:
   so the cast happens here rather than being left to the loader.
   """
 
-  __slots__ = ("name", "shape", "dtype", "loader")
+  __slots__ = ("name", "shape", "dtype", "loader", "chunk_shape")
 
-  def __init__(self, name: str, shape: tuple[int, ...], dtype: Any, loader: Callable[[], np.ndarray]):
+  def __init__(self, name: str, shape: tuple[int, ...], dtype: Any, loader: Callable[[], np.ndarray],
+               chunk_shape: tuple[int, ...] | None = None):
     self.name = name
     self.shape = tuple(int(d) for d in shape)
     self.dtype = np.dtype(dtype)
     self.loader = loader
+    # The stored read unit (zarr3 inner chunk) readers should find: it divides `shape`; None: the write blocks.
+    self.chunk_shape = None if chunk_shape is None else tuple(int(c) for c in chunk_shape)
 
   @property
   def ndim(self) -> int:
@@ -131,7 +134,7 @@ class LazyTensor:
     return self.__array__()
 
   def __reduce__(self):
-    return (type(self), (self.name, self.shape, self.dtype, self.loader))
+    return (type(self), (self.name, self.shape, self.dtype, self.loader, self.chunk_shape))
 
   def __deepcopy__(self, memo: dict[int, Any]) -> LazyTensor:
     # Loaders describe immutable sources (file path, tensor name, transforms); sharing them is safe and keeps
@@ -147,9 +150,10 @@ class ShardedLazyTensor(LazyTensor):
 
   __slots__ = ("sharding",)
 
-  def __init__(self, name: str, shape: tuple[int, ...], dtype: Any, loader: Callable[[], np.ndarray], sharding: Any):
-    super().__init__(name, shape, dtype, loader)
+  def __init__(self, name: str, shape: tuple[int, ...], dtype: Any, loader: Callable[[], np.ndarray], sharding: Any,
+               chunk_shape: tuple[int, ...] | None = None):
+    super().__init__(name, shape, dtype, loader, chunk_shape)
     self.sharding = sharding
 
   def __reduce__(self):
-    return (type(self), (self.name, self.shape, self.dtype, self.loader, self.sharding))
+    return (type(self), (self.name, self.shape, self.dtype, self.loader, self.sharding, self.chunk_shape))

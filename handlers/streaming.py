@@ -59,7 +59,37 @@ def write_block_shape(lazy: LazyTensor, target_bytes: int = TARGET_BLOCK_BYTES) 
     block_bytes = math.prod(block) * lazy.itemsize
     factor = _largest_divisor_at_most(lazy.shape[axis] // block[axis], target_bytes // max(1, block_bytes))
     block[axis] *= factor
-  return _aligned_to_device_shards(lazy, block)
+  return _aligned_to_device_shards(lazy, _aligned_to_chunks(lazy, block))
+
+
+def _aligned_to_chunks(lazy: LazyTensor, block: list[int]) -> list[int]:
+  """Blocks made of whole read chunks (`lazy.chunk_shape`), so that the chunks can be stored inside them: a block
+  longer than a chunk is cut to a multiple of it, a shorter one to the largest divisor of it that keeps at least a
+  quarter of the block (a 1365-row slab of 6144 rows becomes 1024 rows, which a reader's shards also divide); a
+  chunk with no such divisor (a 151681-row vocabulary) keeps the block, which `inner_chunk_shape` then follows."""
+  if lazy.chunk_shape is None:
+    return block
+  for axis, (b, c) in enumerate(zip(block, lazy.chunk_shape)):
+    if b % c == 0 or b == lazy.shape[axis]:
+      continue
+    if b > c:
+      block[axis] = c * (b // c)
+    elif 4 * (divisor := _largest_divisor_at_most(c, b)) >= b:
+      block[axis] = divisor
+  return block
+
+
+def inner_chunk_shape(lazy: LazyTensor, write: tuple[int, ...]) -> tuple[int, ...] | None:
+  """The zarr3 inner chunk stored inside each write block (zarr3 inner chunks must divide their shard): the read
+  chunk where the block holds it whole, else their largest common part, else (when that part would be tiny: a
+  prime vocabulary against a slab of rows) the block's own extent on that axis."""
+  if lazy.chunk_shape is None:
+    return None
+  inner = []
+  for c, w in zip(lazy.chunk_shape, write):
+    common = math.gcd(c, w)
+    inner.append(common if 4 * common >= min(c, w) else w)
+  return tuple(inner)
 
 
 def _aligned_to_device_shards(lazy: LazyTensor, block: list[int]) -> tuple[int, ...]:
@@ -104,21 +134,23 @@ async def _open(
   """Opens the stored array exactly as Orbax's handlers do, with the grid of `write_shape`: created by the
   primary process; the others assume its metadata (no I/O), as Orbax's own array writes do."""
   await info.await_path_creation()
+  write = write_shape(lazy, block)
   spec = _orbax_private.build_array_write_spec(
       info=info,
       arg=arg,
       global_shape=lazy.shape,
-      local_shape=write_shape(lazy, block),
+      local_shape=write,
       dtype=lazy.dtype,
       use_ocdbt=info.is_ocdbt_checkpoint,
       process_index=_orbax_private.process_index_for_subdir(info.is_ocdbt_checkpoint),
       metadata_key=metadata_key,
   )
+  json_spec = _orbax_private.with_inner_chunks(spec.json, inner_chunk_shape(lazy, write))
   try:
     if create:
-      store = await ts.open(ts.Spec(spec.json), create=True, open=True, context=info.ts_context)
+      store = await ts.open(ts.Spec(json_spec), create=True, open=True, context=info.ts_context)
     else:
-      store = await ts.open(ts.Spec(spec.json), open=True, assume_metadata=True, context=info.ts_context)
+      store = await ts.open(ts.Spec(json_spec), open=True, assume_metadata=True, context=info.ts_context)
   except Exception as e:
     raise LazyTensorWriteError(f"Failed to create the array for tensor {lazy.name!r}: {brief_error(e)}") from e
   return store, spec.metadata

@@ -11,7 +11,8 @@ import numpy as np  # pylint: disable=g-import-not-at-top
 from absl.testing import absltest  # pylint: disable=g-import-not-at-top
 
 from handlers import LazyTensor, ShardedLazyTensor  # pylint: disable=g-import-not-at-top
-from handlers.streaming import write_block_shape, write_shape  # pylint: disable=g-import-not-at-top
+from handlers import _orbax_private  # pylint: disable=g-import-not-at-top
+from handlers.streaming import inner_chunk_shape, write_block_shape, write_shape  # pylint: disable=g-import-not-at-top
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +60,37 @@ class StreamingTest(absltest.TestCase):
   def test_unsharded_tensors_are_unchanged(self):
     lazy = LazyTensor("t", (16384, 8), np.float32, RowSlabs((16384, 8), 4681))
     self.assertEqual(write_block_shape(lazy, 1 << 30), (4681, 8))
+
+
+class ReadChunksTest(absltest.TestCase):
+  """Read chunks (zarr3 inner chunks) inside the write blocks: blocks are cut to hold whole chunks."""
+
+  def test_blocks_hold_whole_chunks(self):
+    # A (6144, 2048) `wo` read in 16 MiB slabs of 1365 rows: cut to 1024 rows (a divisor of the 6144-row chunk).
+    lazy = LazyTensor("wo", (6144, 2048), np.float16, RowSlabs((6144, 2048), 1365), chunk_shape=(6144, 32))
+    block = write_block_shape(lazy)
+    self.assertEqual(block, (1024, 2048))
+    self.assertEqual(inner_chunk_shape(lazy, block), (1024, 32))
+    # Blocks longer than a chunk are whole multiples of it.
+    lazy = LazyTensor("wi", (2048, 6144), np.float16, RowSlabs((2048, 6144), 1365), chunk_shape=(32, 6144))
+    self.assertEqual(write_block_shape(lazy), (1344, 6144))
+    self.assertIsNone(inner_chunk_shape(LazyTensor("n", (8,), np.float32, lambda: np.zeros(8)), (8,)))
+
+  def test_a_chunk_no_divisor_of_which_fits_keeps_the_block(self):
+    # A prime vocabulary (151681 rows) whole in the chunk, read in slabs: one-row blocks would be 151681 writes.
+    lazy = LazyTensor("embedding", (151681, 64), np.float32, RowSlabs((151681, 64), 4096), chunk_shape=(151681, 1))
+    block = write_block_shape(lazy)
+    self.assertEqual(block, (4096, 64))
+    self.assertEqual(inner_chunk_shape(lazy, block), (4096, 1))
+
+  def test_inner_chunks_go_into_orbax_zarr3_spec(self):
+    spec = {"driver": "zarr3", "metadata": {"codecs": [{"name": "sharding_indexed", "configuration": {
+        "chunk_shape": [1024, 2048], "codecs": [{"name": "bytes"}]}}]}}
+    out = _orbax_private.with_inner_chunks(spec, (1024, 32))
+    self.assertEqual(out["metadata"]["codecs"][0]["configuration"]["chunk_shape"], [1024, 32])
+    self.assertEqual(spec["metadata"]["codecs"][0]["configuration"]["chunk_shape"], [1024, 2048])  # Not mutated.
+    zarr2 = {"driver": "zarr", "metadata": {"chunks": [4, 4]}}
+    self.assertIs(_orbax_private.with_inner_chunks(zarr2, (2, 2)), zarr2)
 
 
 if __name__ == "__main__":

@@ -107,6 +107,14 @@ class LayerGroup:
     return [((i,), layer) for i, layer in enumerate(self.layers)]
 
   @property
+  def stacking_names(self) -> tuple[str, ...]:
+    """MaxText's logical names of the stacking axes: `layers` (blocks: `layers`, `local_layers`); DeepSeek's
+    dense and MoE layer collections name their own."""
+    if self.nested:
+      return ("layers", "local_layers")
+    return (self.path[-1],) if self.path[-1] in ("dense_layers", "moe_layers") else ("layers",)
+
+  @property
   def stacking(self) -> tuple[int, ...]:
     """The lengths of the stacking axes: (layers,) or (blocks, layers per block)."""
     return (len(self.layers), len(self.layers[0])) if self.nested else (len(self.layers),)

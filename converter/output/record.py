@@ -2,7 +2,7 @@
 and what the reverse direction, the validator and a resumed run read back from it: one writer, one reader.
 
   {"scan_layers": bool, "hf2maxtext": {"family", "target_model", "hf_architecture", "save_dtype", "quant_method",
-   "fp8", "maxtext_overrides", "hf_config"}}
+   "fp8", "maxtext_overrides", "hf_config", "chunking", "logical_axes"}}
 
 `scan_layers` sits at the top level because MaxText's own trainer records it there too; a checkpoint MaxText wrote
 has it and no `hf2maxtext` entry.
@@ -34,6 +34,8 @@ class ConversionRecord:
   fp8: dict[str, Any] | None = None  # --keep_fp8: the FP8 kernels were kept beside their scales.
   maxtext_overrides: dict[str, Any] | None = None
   hf_config: Any = None  # The original config.json, verbatim: --direction=to_huggingface writes it back.
+  chunking: dict[str, Any] | None = None  # The rule the stored chunks were cut by (converter/chunking.py).
+  logical_axes: dict[str, list[str | None] | None] | None = None  # Every leaf's MaxText logical axes (None: none).
 
   @classmethod
   def of_plan(cls, plan: Any, overrides: dict[str, Any]) -> ConversionRecord:
@@ -48,6 +50,9 @@ class ConversionRecord:
         fp8=dataclasses.asdict(plan.fp8) if plan.fp8 else None,
         maxtext_overrides=overrides,
         hf_config=json.loads(storage.read_text(plan.config.path)),
+        chunking=plan.chunking.record(),
+        logical_axes={leaf.name: None if leaf.logical_axes is None else list(leaf.logical_axes)
+                      for leaf in plan.leaves},
     )
 
   def custom_metadata(self) -> dict[str, Any]:

@@ -129,7 +129,8 @@ def _keystr(path) -> str:
 
 
 def loader_tree(config, mesh) -> dict:
-  """{path: (shape, dtype, variable class)} of everything MaxText's NNX loader restores from a checkpoint.
+  """{path: (shape, dtype, variable class, logical axes)} of everything MaxText's NNX loader restores from a
+  checkpoint; the logical axes are the variable's `out_sharding` (None where MaxText annotates none).
 
   Mirrors ``model_creation_utils.from_pretrained`` (MaxText 0.2.5): it builds the abstract NNX model with
   ``create_nnx_abstract_model`` in the mode it is given and, for a ``params/params`` checkpoint, requests every
@@ -149,14 +150,44 @@ def loader_tree(config, mesh) -> dict:
   tree = {}
   for path, var in nnx.to_flat_state(restored):
     leaf = var.get_value()
-    tree["/".join(str(k) for k in path)] = (tuple(leaf.shape), str(np.dtype(leaf.dtype)), type(var).__name__)
+    axes = var.get_metadata().get("out_sharding")
+    tree["/".join(str(k) for k in path)] = (tuple(leaf.shape), str(np.dtype(leaf.dtype)), type(var).__name__,
+                                            None if axes is None else tuple(axes))
   return tree
+
+
+# Logical names MaxText's default rules shard over a mesh axis of a training mesh (data, fsdp, tensor, expert, ...);
+# the stacking names (layers -> stage) and unannotated axes are never sharded by a default mesh.
+_SHARDED_NAMES = {"vocab", "embed_vocab", "heads", "q_heads", "kv_heads", "q_lora", "kv_lora", "embed_attn", "exp",
+                  "mlp_moe", "embed_moe", "embed_router", "mlp", "gdn_head", "embed", "norm"}
+
+
+def axes_problems(expected: dict, items_path: str) -> list[str]:
+  """Every leaf whose logical axes the conversion recorded (hf2maxtext.logical_axes: where its stored chunks are
+  cut) differ from MaxText's own. MaxText 0.2.5 names fewer axes than some unannotated leaves have (the hybrid
+  decoders' norms): those agree when ours shard nothing either."""
+  meta = os.path.join(os.path.dirname(os.path.normpath(items_path)), "_CHECKPOINT_METADATA")
+  with open(meta, encoding="utf-8") as f:
+    recorded = ((json.load(f).get("custom_metadata") or {}).get("hf2maxtext") or {}).get("logical_axes")
+  if recorded is None:
+    return ["the checkpoint records no hf2maxtext.logical_axes"]
+  problems = []
+  for path, (shape, _, _, axes) in sorted(expected.items()):
+    if path not in recorded:
+      continue  # Leaves the conversion does not lay out by axes (native fp8 scales); the tree check covers them.
+    ours = (None,) * len(shape) if recorded[path] is None else tuple(recorded[path])
+    theirs = (None,) * len(shape) if axes is None or len(axes) != len(shape) else axes
+    if axes is not None and len(axes) != len(shape) and not set(ours) & _SHARDED_NAMES:
+      continue
+    if ours != tuple(theirs):
+      problems.append(f"logical axes of {path}: maxtext={theirs} checkpoint={ours}")
+  return problems
 
 
 def format_tree(tree: dict) -> str:
   """One ``path shape dtype`` line per leaf, plus the variable class where it is not ``nnx.Param``."""
   lines = []
-  for path, (shape, dtype, kind) in sorted(tree.items()):
+  for path, (shape, dtype, kind, _) in sorted(tree.items()):
     lines.append(f"{path} {tuple(shape)} {dtype}" + ("" if kind == "Param" else f" {kind}"))
   return "\n".join(lines)
 
@@ -261,6 +292,7 @@ def run_logits(args, overrides):
   if not args.skip_tree_check:
     expected = loader_tree(config, mesh)
     problems = tree_problems(expected, args.checkpoint)
+    problems += axes_problems(expected, args.checkpoint) if not problems else []
     for line in problems:
       print(f"[maxtext_logits] TREE: {line}", file=sys.stderr)
     if problems and not args.allow_tree_mismatch:
@@ -272,9 +304,9 @@ def run_logits(args, overrides):
       )
       return 3
     if not problems:
-      kinds = ", ".join(sorted({kind for _, _, kind in expected.values()}))
-      print(f"[maxtext_logits] tree check: {len(expected)} leaves ({kinds}), paths and shapes match exactly",
-            file=sys.stderr)
+      kinds = ", ".join(sorted({entry[2] for entry in expected.values()}))
+      print(f"[maxtext_logits] tree check: {len(expected)} leaves ({kinds}), paths, shapes and logical axes match"
+            " exactly", file=sys.stderr)
 
   # Run the loaded NNX model itself (linen params made from its state would keep only nnx.Param), jitted as
   # MaxText's own NNX callers do: op-by-op it takes ~6x longer (20 s vs 3.3 s for the unscanned tiny Llama 4).

@@ -62,6 +62,9 @@ flags.DEFINE_integer("seq_len", 32, "Token-id sequence length: longer than the t
 flags.DEFINE_integer("seed", 0, "Seed for the tiny models and the token ids.")
 flags.DEFINE_list("multiprocess_families", ["qwen3", "qwen3_moe"], "Tiny models also converted by two processes"
                   " (--num_processes=2 on 127.0.0.1, scan on) and loaded by MaxText the same way.")
+flags.DEFINE_list("target_mesh_families", ["qwen3_moe"], "Tiny models also converted with --target_mesh (chunks"
+                  " stored inside the write blocks at that mesh's shards; scan on) and loaded by MaxText the same way.")
+flags.DEFINE_string("target_mesh", "fsdp=4,tensor=2,expert=2", "The --target_mesh of those cases.")
 flags.DEFINE_integer("jobs", 2, "Cases (convert + MaxText forward) run at once.")
 flags.DEFINE_integer("case_timeout_s", 600, "Timeout for each subprocess.")
 flags.DEFINE_string("work_dir", None, "Where models, checkpoints and logs go (default: a temporary directory).")
@@ -91,6 +94,7 @@ class Case:
   align: tuple[str, ...] = ()
   shipped_floor: float = 0.0
   shipped_diff: float = float("nan")  # As shipped, where the check holds the aligned forward to --atol.
+  converter_flags: tuple[str, ...] = ()  # Beyond the row's own (--target_mesh cases).
 
   @property
   def passed(self) -> bool:
@@ -98,7 +102,8 @@ class Case:
 
   @property
   def name(self) -> str:
-    return f"{self.model} scan={'on' if self.scan else 'off'}" + (f" x{self.processes}" if self.processes > 1 else "")
+    return (f"{self.model} scan={'on' if self.scan else 'off'}" + (f" x{self.processes}" if self.processes > 1 else "")
+            + "".join(f" {flag}" for flag in self.converter_flags))
 
 
 def _tail(path: str, lines: int = 15) -> str:
@@ -190,7 +195,8 @@ def run_case(case: Case) -> Case:
   try:
     command = [sys.executable, CONVERTER, f"--hf_model_path={case.hf_dir}", f"--output_dir={out_dir}",
                "--save_dtype=float32", "--simulated_cpu_devices_count=1", f"--scan_layers={str(case.scan).lower()}",
-               f"--target_model={case.maxtext_model}", *tiny_models.TINY_MODELS[case.model].converter_flags]
+               f"--target_model={case.maxtext_model}", *tiny_models.TINY_MODELS[case.model].converter_flags,
+               *case.converter_flags]
     rc = (_run(command, os.path.join(case.work, "convert.log"), _converter_env()) if case.processes == 1
           else _run_processes(command, case.processes, os.path.join(case.work, "convert.log")))
     if rc != 0:
@@ -335,7 +341,7 @@ def main(argv: list[str]) -> int:
     with lock:
       diff = "-" if np.isnan(case.max_diff) else f"{case.max_diff:.2e}"
       agree = "-" if np.isnan(case.argmax) else f"{case.argmax:.1%}"
-      model = case.model + (f" x{case.processes}" if case.processes > 1 else "")
+      model = case.model + (f" x{case.processes}" if case.processes > 1 else "") + (" mesh" if case.converter_flags else "")
       shipped = "" if np.isnan(case.shipped_diff) else f"  (as shipped {case.shipped_diff:.2e}, floor {case.shipped_floor:g})"
       print(f"{model:<20} {case.maxtext_model:<17} {'on' if case.scan else 'off':<4} {diff:>10} {agree:>8}"
             f"  {case.seconds:5.0f}  {'PASS' if case.passed else 'FAIL'}{shipped}", flush=True)
@@ -375,6 +381,11 @@ def main(argv: list[str]) -> int:
         case = Case(name, tiny_models.TINY_MODELS[name].maxtext_model, scan, hf_dir, ids_path, reference,
                     os.path.join(model_dir, f"scan_{'on' if scan else 'off'}"), multimodal=bool(spec.inputs),
                     align=align, shipped_floor=spec.shipped_floor)
+        cases.append(case)
+        futures.append(pool.submit(lambda c: report(run_case(c)) or c, case))
+      if name in FLAGS.target_mesh_families and True in scans and True in spec.scans:
+        case = Case(name, tiny_models.TINY_MODELS[name].maxtext_model, True, hf_dir, ids_path, reference,
+                    os.path.join(model_dir, "scan_on_target_mesh"), converter_flags=(f"--target_mesh={FLAGS.target_mesh}",))
         cases.append(case)
         futures.append(pool.submit(lambda c: report(run_case(c)) or c, case))
       if name in FLAGS.multiprocess_families and True in scans and True in spec.scans:

@@ -1,0 +1,250 @@
+"""Where a leaf's stored chunks are cut, so that a MaxText job reads each stored byte about once when it restores.
+
+Orbax makes every host read, whole, each stored chunk its devices' shards touch (target-mesh-notes.md). MaxText
+shards a leaf by the logical names of its axes (`embed`, `mlp`, `layers`, ...) through `logical_axis_rules`: on
+its default mesh every `embed`-like axis goes to `fsdp`. So chunks are cut along those axes:
+
+- the default rule cuts every axis whose logical name the default rules send to `fsdp` into a power of two of
+  pieces, at most `fsdp_max`, so that any power-of-two fsdp mesh up to `fsdp_max` reads each chunk on one host;
+  one layer and one expert per chunk along stacked axes; chunks kept above `min_chunk_bytes` (fewer pieces)
+  and below `max_chunk_bytes` (other axes cut too);
+- `--target_mesh=fsdp=64,tensor=4,expert=8` cuts each leaf into exactly its shard on that mesh under MaxText's
+  default rules, one layer and one expert each: worst case one read of each byte on that mesh.
+
+The cut is stored as zarr3 inner chunks inside the write blocks (one OCDBT value per block, as before), so
+streaming and memory are unchanged. `predicted_amplification` computes what a mesh reads from any chunk grid,
+from metadata alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from typing import Iterable, Mapping, Sequence
+
+from converter.arrays import Shape
+from converter.errors import ConversionError
+
+# MaxText 0.2.5's mesh axes (configs/base.yml `mesh_axes`), in device order.
+MESH_AXES = ("data", "stage", "fsdp", "fsdp_transpose", "sequence", "context", "context_usp_ulysses", "tensor",
+             "tensor_sequence", "expert", "autoregressive")
+# MaxText 0.2.5's default `logical_axis_rules` for weights, in its order (configs/base.yml): flax assigns each
+# axis the first rule for its name whose mesh axes no other axis of the leaf took yet.
+WEIGHT_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("vocab", ("tensor", "tensor_sequence", "autoregressive")),
+    ("embed_vocab", ("fsdp", "fsdp_transpose", "context", "context_usp_ulysses", "expert")),
+    ("heads", ("tensor", "tensor_sequence", "autoregressive")),
+    ("q_heads", ("tensor", "tensor_sequence", "autoregressive")),
+    ("kv_heads", ("tensor", "tensor_sequence", "autoregressive")),
+    ("q_lora", ("fsdp", "fsdp_transpose", "context", "context_usp_ulysses", "expert")),
+    ("q_lora", ("fsdp", "context", "context_usp_ulysses", "expert")),
+    ("kv_lora", ("fsdp", "fsdp_transpose", "context", "context_usp_ulysses", "expert")),
+    ("kv_lora", ("fsdp", "context", "context_usp_ulysses", "expert")),
+    ("embed_attn", ("fsdp", "fsdp_transpose", "context", "context_usp_ulysses", "expert")),
+    ("embed_attn", ("fsdp", "context", "context_usp_ulysses", "expert")),
+    ("exp", ("expert",)),
+    ("mlp_moe", ("fsdp_transpose", "tensor", "tensor_sequence", "autoregressive")),
+    ("embed_moe", ("fsdp", "fsdp_transpose", "context", "context_usp_ulysses")),
+    ("embed_moe", ("fsdp", "context", "context_usp_ulysses")),
+    ("embed_router", ("fsdp", "fsdp_transpose", "context", "context_usp_ulysses")),
+    ("embed_router", ("fsdp", "context", "context_usp_ulysses")),
+    ("mlp", ("fsdp_transpose", "tensor", "tensor_sequence", "autoregressive")),
+    ("gdn_head", ("fsdp_transpose", "tensor", "tensor_sequence", "autoregressive")),
+    ("embed", ("fsdp", "fsdp_transpose", "context", "context_usp_ulysses", "expert")),
+    ("embed", ("fsdp", "context", "context_usp_ulysses", "expert")),
+    ("norm", ("tensor",)),
+    ("layers", ("stage",)),
+)
+STACKED = ("layers", "exp")  # One layer and one expert per chunk.
+DEVICES_PER_HOST = 4
+
+
+def mesh_axes(logical_axes: Sequence[str | None]) -> tuple[tuple[str, ...], ...]:
+  """The mesh axes MaxText's default rules shard each axis over (flax's `logical_to_mesh_axes`)."""
+  assigned: list[tuple[str, ...] | None] = [None] * len(logical_axes)
+  for name, mesh in WEIGHT_RULES:
+    for position, logical in enumerate(logical_axes):
+      if logical == name and assigned[position] is None:
+        if not any(set(mesh) & set(a or ()) for a in assigned):
+          assigned[position] = mesh
+        break
+  return tuple(a or () for a in assigned)
+
+
+def parse_mesh(text: str) -> tuple[tuple[str, int], ...]:
+  """`fsdp=64,tensor=4,expert=8` (MaxText's mesh axis names) -> ((axis, size), ...) in MaxText's device order."""
+  sizes: dict[str, int] = {}
+  for part in (p.strip() for p in text.split(",") if p.strip()):
+    axis, _, size = part.partition("=")
+    if axis not in MESH_AXES:
+      raise ConversionError(f"--target_mesh: unknown mesh axis {axis!r}; MaxText's are {', '.join(MESH_AXES)}")
+    if not size.isdigit() or int(size) < 1 or axis in sizes:
+      raise ConversionError(f"--target_mesh: {part!r} is not AXIS=SIZE with a positive size, once per axis")
+    sizes[axis] = int(size)
+  if not sizes:
+    raise ConversionError("--target_mesh: give at least one AXIS=SIZE, e.g. fsdp=64,tensor=4")
+  return tuple((axis, sizes[axis]) for axis in MESH_AXES if axis in sizes)
+
+
+def _largest_power_of_two_dividing(n: int, limit: int) -> int:
+  k = 1
+  while k * 2 <= limit and n % (k * 2) == 0:
+    k *= 2
+  return k
+
+
+def _smallest_divisor_above_one(n: int) -> int:
+  return next((d for d in range(2, int(math.isqrt(n)) + 1) if n % d == 0), n)
+
+
+@dataclasses.dataclass(frozen=True)
+class ChunkRule:
+  """How every leaf's chunks are cut: the default (fsdp-aligned up to `fsdp_max`) or a `target_mesh`."""
+
+  fsdp_max: int = 64
+  target_mesh: tuple[tuple[str, int], ...] = ()
+  # Qwen3-30B-A3B's expert slabs at 64 pieces are 48 KiB (32 rows of 768): a 64 KiB floor would halve their
+  # pieces and double what a 256-device mesh reads of them.
+  min_chunk_bytes: int = 32 << 10
+  max_chunk_bytes: int = 4 << 20
+
+  def chunk_shape(self, shape: Shape, logical_axes: Sequence[str | None], itemsize: int) -> Shape:
+    """The chunk of a leaf of `shape` whose axes MaxText names `logical_axes`; it divides `shape` on every axis."""
+    if len(logical_axes) != len(shape):
+      raise ValueError(f"{len(logical_axes)} logical axes for a leaf of shape {tuple(shape)}")
+    if self.target_mesh:
+      return self._target_chunk(shape, logical_axes)
+    mapped = mesh_axes(logical_axes)
+    pieces = [(_largest_power_of_two_dividing(n, self.fsdp_max) if "fsdp" in axes else 1)
+              for n, axes in zip(shape, mapped)]
+    chunk = [1 if name in STACKED else n // k for n, k, name in zip(shape, pieces, logical_axes)]
+    while math.prod(chunk) * itemsize < self.min_chunk_bytes and max(pieces) > 1:
+      axis = pieces.index(max(pieces))  # Fewer pieces on the most cut axis: still a power of two of them.
+      pieces[axis] //= 2
+      chunk[axis] *= 2
+    uncut = [a for a, name in enumerate(logical_axes) if pieces[a] == 1 and name not in STACKED]
+    while math.prod(chunk) * itemsize > self.max_chunk_bytes:
+      splittable = [a for a in uncut if chunk[a] > 1 and _smallest_divisor_above_one(chunk[a]) < chunk[a]]
+      if not splittable:
+        break
+      axis = max(splittable, key=lambda a: chunk[a])
+      chunk[axis] //= _smallest_divisor_above_one(chunk[axis])
+    return tuple(chunk)
+
+  def _target_chunk(self, shape: Shape, logical_axes: Sequence[str | None]) -> Shape:
+    sizes = dict(self.target_mesh)
+    chunk = []
+    for n, axes, name in zip(shape, mesh_axes(logical_axes), logical_axes):
+      parts = math.prod(sizes.get(a, 1) for a in axes)
+      chunk.append(1 if name in STACKED else n // parts if n % parts == 0 else n)
+    return tuple(chunk)
+
+  def record(self) -> dict:
+    """What the conversion record keeps of the rule (readers predict amplification from it and the grids)."""
+    if self.target_mesh:
+      return {"rule": "target_mesh", "target_mesh": dict(self.target_mesh)}
+    return {"rule": "fsdp", "fsdp_max": self.fsdp_max, "min_chunk_bytes": self.min_chunk_bytes,
+            "max_chunk_bytes": self.max_chunk_bytes}
+
+
+def fsdp_mesh(devices: int) -> tuple[tuple[str, int], ...]:
+  """MaxText's default mesh on `devices` devices: every one on `fsdp`."""
+  return (("fsdp", devices),)
+
+
+def _shard_index(coordinates: Mapping[str, int], sizes: Mapping[str, int], axes: Iterable[str]) -> tuple[int, int]:
+  """(index, count) of a device's shard along a leaf axis sharded over `axes` (row-major over them)."""
+  index, count = 0, 1
+  for axis in axes:
+    index = index * sizes.get(axis, 1) + coordinates.get(axis, 0)
+    count *= sizes.get(axis, 1)
+  return index, count
+
+
+def read_bytes(shape: Shape, chunk: Shape, itemsize: int, logical_axes: Sequence[str | None],
+               mesh: Sequence[tuple[str, int]], devices_per_host: int = DEVICES_PER_HOST) -> tuple[int, int]:
+  """(dedup, worst): the bytes all hosts read when a leaf stored in `chunk`s is restored on `mesh` (hosts of
+  `devices_per_host` consecutive devices). Orbax reads each distinct shard index of a host once and decodes every
+  chunk it touches whole; reads of one host share a chunk only while in flight together, so the truth lies
+  between each host reading every chunk it touches once (dedup) and once per distinct index (worst)."""
+  sizes = dict(mesh)
+  names = [axis for axis, _ in mesh]
+  devices = math.prod(sizes.values())
+  mapped = mesh_axes(logical_axes)
+  grid = [math.ceil(n / c) for n, c in zip(shape, chunk)]
+
+  def nbytes(cell: tuple[int, ...]) -> int:
+    return math.prod(min(c, n - i * c) for i, c, n in zip(cell, chunk, shape)) * itemsize
+
+  dedup, worst = 0, 0
+  for host_start in range(0, devices, devices_per_host):
+    indices: dict[tuple[int, ...], tuple[range, ...]] = {}  # A host's distinct shard indices, their chunks.
+    for device in range(host_start, min(devices, host_start + devices_per_host)):
+      coordinates = dict(zip(names, _unravel(device, [sizes[a] for a in names])))
+      index, ranges = [], []
+      for n, c, g, axes in zip(shape, chunk, grid, mapped):
+        position, count = _shard_index(coordinates, sizes, axes)
+        if count == 1 or n % count:
+          index.append(0)
+          ranges.append(range(g))
+          continue
+        extent = n // count
+        index.append(position)
+        ranges.append(range((position * extent) // c, min(g, ((position + 1) * extent - 1) // c + 1)))
+      indices[tuple(index)] = tuple(ranges)
+    touched: set[tuple[int, ...]] = set()
+    for ranges in indices.values():
+      cells = list(itertools.product(*ranges))
+      worst += sum(nbytes(cell) for cell in cells)
+      touched.update(cells)
+    dedup += sum(nbytes(cell) for cell in touched)
+  return dedup, worst
+
+
+def _unravel(index: int, sizes: list[int]) -> list[int]:
+  out = []
+  for size in reversed(sizes):
+    out.append(index % size)
+    index //= size
+  return list(reversed(out))
+
+
+@dataclasses.dataclass(frozen=True)
+class StoredLeaf:
+  """What predicting a restore needs of one stored leaf: metadata only."""
+
+  shape: Shape
+  chunk: Shape
+  itemsize: int
+  logical_axes: Sequence[str | None]
+
+
+def predicted_amplification(leaves: Sequence[StoredLeaf], mesh: Sequence[tuple[str, int]],
+                            devices_per_host: int = DEVICES_PER_HOST) -> tuple[float, float]:
+  """(dedup, worst) bytes all hosts read / bytes stored, restoring `leaves` on `mesh` (see `read_bytes`)."""
+  stored = sum(math.prod(leaf.shape) * leaf.itemsize for leaf in leaves)
+  dedup = worst = 0
+  for leaf in leaves:
+    d, w = read_bytes(leaf.shape, leaf.chunk, leaf.itemsize, leaf.logical_axes, mesh, devices_per_host)
+    dedup, worst = dedup + d, worst + w
+  return dedup / max(1, stored), worst / max(1, stored)
+
+
+def ideal_amplification(leaves: Sequence[StoredLeaf], mesh: Sequence[tuple[str, int]],
+                        devices_per_host: int = DEVICES_PER_HOST) -> float:
+  """What a checkpoint pre-sharded for `mesh` reads: every host exactly its devices' shards, so above 1x only by
+  the leaves the mesh replicates across hosts (norms on a tensor-parallel mesh)."""
+  rule = ChunkRule(target_mesh=tuple(mesh))
+  sharded = [dataclasses.replace(leaf, chunk=rule.chunk_shape(leaf.shape, leaf.logical_axes, leaf.itemsize))
+             for leaf in leaves]
+  return predicted_amplification(sharded, mesh, devices_per_host)[0]
+
+
+def describe_mesh(mesh: Sequence[tuple[str, int]]) -> str:
+  return ",".join(f"{axis}={size}" for axis, size in mesh)
+
+
+# The meshes `--dry_run` predicts restores on when no --target_mesh is given: MaxText's default (all devices on
+# fsdp) at three pod sizes, hosts of 4 devices.
+DEFAULT_MESHES = (fsdp_mesh(16), fsdp_mesh(64), fsdp_mesh(256))

@@ -1,0 +1,94 @@
+"""Chunk grids and the read amplification they cause, against target-mesh-notes.md's measured Qwen3 layouts."""
+
+import math
+
+from absl.testing import absltest, parameterized
+
+from converter import chunking
+from converter.errors import ConversionError
+
+WI = ((2048, 16, 6144), ("embed", "layers", "mlp"))  # Qwen3 1.8B-like, scanned: (embed, layers, mlp).
+WO = ((6144, 16, 2048), ("mlp", "layers", "embed"))
+MOE_WI = ((128, 2048, 48, 768), ("exp", "embed_moe", "layers", "mlp_moe"))
+BF16 = 2
+
+
+def amplification(shape, axes, chunk, mesh):
+  dedup, worst = chunking.read_bytes(shape, chunk, BF16, axes, mesh)
+  return dedup / (math.prod(shape) * BF16), worst / (math.prod(shape) * BF16)
+
+
+class MeshAxesTest(absltest.TestCase):
+
+  def test_default_rules_as_maxtext_assigns_them(self):
+    self.assertEqual(chunking.mesh_axes(WI[1])[0], ("fsdp", "context", "context_usp_ulysses", "expert"))
+    self.assertEqual(chunking.mesh_axes(WI[1])[2], ("fsdp_transpose", "tensor", "tensor_sequence", "autoregressive"))
+    # An expert weight: `exp` takes `expert`, so its embed_moe axis gets fsdp without it.
+    self.assertEqual(chunking.mesh_axes(MOE_WI[1])[:2], (("expert",), ("fsdp", "context", "context_usp_ulysses")))
+    self.assertEqual(chunking.mesh_axes(("norm", "layers")), (("tensor",), ("stage",)))
+
+  def test_target_mesh_is_parsed_in_maxtext_device_order(self):
+    self.assertEqual(chunking.parse_mesh("expert=8,fsdp=64,tensor=4"), (("fsdp", 64), ("tensor", 4), ("expert", 8)))
+    for bad in ("fsdp", "fsdp=0", "pipeline=2", "fsdp=2,fsdp=4", ""):
+      with self.assertRaises(ConversionError, msg=bad):
+        chunking.parse_mesh(bad)
+
+
+class ChunkShapeTest(absltest.TestCase):
+
+  def test_default_cuts_fsdp_axes_one_layer_at_a_time(self):
+    rule = chunking.ChunkRule()
+    self.assertEqual(rule.chunk_shape(*WI, BF16), (32, 1, 6144))
+    self.assertEqual(rule.chunk_shape(*WO, BF16), (6144, 1, 32))
+    self.assertEqual(rule.chunk_shape(*MOE_WI, BF16), (1, 32, 1, 768))
+
+  def test_floor_and_ceiling(self):
+    rule = chunking.ChunkRule()
+    # 32 rows of (2048, 64) would be 4 KiB: fewer pieces, above the 32 KiB floor.
+    self.assertEqual(rule.chunk_shape((2048, 64), ("embed", "kv"), BF16), (256, 64))
+    # A (151936, 2048) embedding: 32 columns of every row is 9.7 MB; the vocab axis is cut too.
+    chunk = rule.chunk_shape((151936, 2048), ("vocab", "embed"), BF16)
+    self.assertEqual(chunk[1], 32)
+    self.assertLessEqual(math.prod(chunk) * BF16, rule.max_chunk_bytes)
+    self.assertEqual(151936 % chunk[0], 0)
+    # An odd vocabulary stays whole; its embed axis is cut as far as the floor allows.
+    self.assertEqual(rule.chunk_shape((509, 256), ("vocab", "embed"), BF16), (509, 64))
+
+  def test_target_mesh_cuts_each_leaf_into_its_shards(self):
+    rule = chunking.ChunkRule(target_mesh=chunking.parse_mesh("fsdp=16,tensor=4"))
+    self.assertEqual(rule.chunk_shape(*WI, BF16), (128, 1, 1536))
+    self.assertEqual(rule.chunk_shape(*MOE_WI, BF16), (1, 128, 1, 192))
+    self.assertEqual(rule.record(), {"rule": "target_mesh", "target_mesh": {"fsdp": 16, "tensor": 4}})
+
+
+class PredictedAmplificationTest(parameterized.TestCase):
+
+  @parameterized.parameters(
+      # target-mesh-notes.md, 4 hosts x 4 devices (fsdp=16): our 1-device layout reads wi_0 on every host...
+      (WI, (2048, 1, 4096), 16, 4.0, 16.0),
+      # ... and wo (1365-wide blocks) 2.67x; the 16-device layout reads wi_0 once.
+      (WO, (6144, 1, 1365), 16, 2.67, 9.33),
+      (WI, (128, 1, 4096), 16, 1.0, 1.0),
+  )
+  def test_measured_layouts(self, leaf, chunk, fsdp, dedup, worst):
+    got = amplification(*leaf, chunk, chunking.fsdp_mesh(fsdp))
+    self.assertAlmostEqual(got[0], dedup, places=2)
+    self.assertAlmostEqual(got[1], worst, places=2)
+
+  @parameterized.parameters(16, 64, 256)
+  def test_default_layout_reads_once_on_power_of_two_fsdp_meshes(self, fsdp):
+    rule = chunking.ChunkRule()
+    for shape, axes in (WI, WO, MOE_WI):
+      dedup, _ = amplification(shape, axes, rule.chunk_shape(shape, axes, BF16), chunking.fsdp_mesh(fsdp))
+      self.assertAlmostEqual(dedup, 1.0, places=6, msg=(shape, fsdp))
+
+  def test_target_mesh_layout_reads_once_in_the_worst_case(self):
+    mesh = chunking.parse_mesh("fsdp=16,tensor=4,expert=2")
+    rule = chunking.ChunkRule(target_mesh=mesh)
+    for shape, axes in (WI, WO, MOE_WI):
+      dedup, worst = amplification(shape, axes, rule.chunk_shape(shape, axes, BF16), mesh)
+      self.assertEqual((round(dedup, 6), round(worst, 6)), (1.0, 1.0), shape)
+
+
+if __name__ == "__main__":
+  absltest.main()

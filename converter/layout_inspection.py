@@ -1,0 +1,34 @@
+"""An existing checkpoint's stored layout, as converter/chunking.py predicts restores from: every leaf's shape,
+stored (read) chunk and MaxText logical axes, from metadata alone."""
+
+from __future__ import annotations
+
+from converter import chunking, logical_axes
+from converter.checkpoint_reader import CheckpointReader
+from converter.output.record import ConversionRecord
+
+PARAMS = ("params", "params")
+
+
+def _axes_from_path(path: tuple[str, ...], rank: int) -> tuple[str | None, ...] | None:
+  """A checkpoint without a record (MaxText's own): the leaf's axes from its path, a scanned leaf's layer axis
+  at 1 (MaxText's `param_scan_axis`)."""
+  name = "/".join(path)
+  if "/layers/" in f"/{name}/" and (unstacked := logical_axes.per_layer(name, rank - 1)) is not None:
+    return logical_axes.stacked(unstacked, 1, ("layers",))
+  return logical_axes.per_layer(name, rank)
+
+
+def stored_leaves(items_path: str) -> tuple[dict[str, chunking.StoredLeaf], dict | None]:
+  """{leaf path under params/params: its stored layout}, and the chunking rule the checkpoint records."""
+  record = ConversionRecord.read(items_path)
+  recorded = record.logical_axes or {}
+  reader = CheckpointReader(items_path)
+  leaves = {}
+  for key, array in sorted(reader.arrays.items()):
+    path = key[len(PARAMS):] if key[: len(PARAMS)] == PARAMS else key
+    name = "/".join(path)
+    axes = recorded[name] if name in recorded else _axes_from_path(path, len(array.shape))
+    leaves[name] = chunking.StoredLeaf(array.shape, reader.chunk_shape(array), array.dtype.itemsize,
+                                       tuple(axes) if axes is not None else (None,) * len(array.shape))
+  return leaves, record.chunking
