@@ -104,13 +104,16 @@ class ChunkRule:
 
   fsdp_max: int = 64
   target_mesh: tuple[tuple[str, int], ...] = ()
+  cut: bool = True  # False: no read chunks, the stored chunks are the write blocks (the layout before this rule).
   # Qwen3-30B-A3B's expert slabs at 64 pieces are 48 KiB (32 rows of 768): a 64 KiB floor would halve their
   # pieces and double what a 256-device mesh reads of them.
   min_chunk_bytes: int = 32 << 10
   max_chunk_bytes: int = 4 << 20
 
-  def chunk_shape(self, shape: Shape, logical_axes: Sequence[str | None], itemsize: int) -> Shape:
+  def chunk_shape(self, shape: Shape, logical_axes: Sequence[str | None], itemsize: int) -> Shape | None:
     """The chunk of a leaf of `shape` whose axes MaxText names `logical_axes`; it divides `shape` on every axis."""
+    if not self.cut:
+      return None
     if len(logical_axes) != len(shape):
       raise ValueError(f"{len(logical_axes)} logical axes for a leaf of shape {tuple(shape)}")
     if self.target_mesh:
@@ -142,6 +145,8 @@ class ChunkRule:
 
   def record(self) -> dict:
     """What the conversion record keeps of the rule (readers predict amplification from it and the grids)."""
+    if not self.cut:
+      return {"rule": "write_blocks"}
     if self.target_mesh:
       return {"rule": "target_mesh", "target_mesh": dict(self.target_mesh)}
     return {"rule": "fsdp", "fsdp_max": self.fsdp_max, "min_chunk_bytes": self.min_chunk_bytes,

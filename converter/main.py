@@ -62,6 +62,8 @@ flags.DEFINE_string("target_mesh", None, "Cut every leaf's stored chunks at its 
                     " mesh up to --chunk_fsdp_max.")
 flags.DEFINE_integer("chunk_fsdp_max", 64, "Default layout: the largest fsdp mesh (a power of two) whose every host"
                      " reads each stored chunk it needs once.", lower_bound=1)
+flags.DEFINE_boolean("chunk_layout", True, "Cut stored chunks for the restoring mesh (--target_mesh or the fsdp"
+                     " default); false stores each write block as one chunk, as before (for comparisons).")
 flags.DEFINE_boolean("keep_fp8", False, "FP8 checkpoints: keep the FP8 kernels and write their block scales, as"
                      " MaxText's fp8 models hold them (e.g. qwen3.5-35b-a3b-fp8); half the bytes. Default: dequantize.")
 flags.DEFINE_enum("compression", "zstd", ["zstd", "none"], "Stored arrays' codec: zstd (Orbax's default, level 3)"
@@ -192,7 +194,7 @@ def _plan_options() -> PlanOptions:
   return PlanOptions(scan_layers=FLAGS.scan_layers, save_dtype=FLAGS.save_dtype, target_model=FLAGS.target_model,
                      target_vocab_size=FLAGS.target_vocab_size, allow_unused_tensors=FLAGS.allow_unused_tensors,
                      keep_fp8=FLAGS.keep_fp8, text_only=FLAGS.text_only,
-                     chunking=ChunkRule(fsdp_max=FLAGS.chunk_fsdp_max,
+                     chunking=ChunkRule(fsdp_max=FLAGS.chunk_fsdp_max, cut=FLAGS.chunk_layout,
                                         target_mesh=parse_mesh(FLAGS.target_mesh) if FLAGS.target_mesh else ()))
 
 
