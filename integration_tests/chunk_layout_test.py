@@ -8,6 +8,7 @@ floor lowered (in-process, through the library call) and `--target_mesh` (which 
 
 from __future__ import annotations
 
+import glob
 import os
 
 from absl.testing import absltest
@@ -20,9 +21,17 @@ from converter import chunking, conversion, layout_inspection, to_huggingface  #
 from converter.options import PlanOptions, ReverseOptions, SaveOptions  # pylint: disable=g-import-not-at-top
 from converter.output.record import ConversionRecord  # pylint: disable=g-import-not-at-top
 from tools import tiny_models, validate_lib  # pylint: disable=g-import-not-at-top
-from integration_tests.roundtrip_test import load_tensors  # pylint: disable=g-import-not-at-top
 
 MESH = "fsdp=4,tensor=2,expert=2"
+
+
+def load_tensors(model_dir: str) -> dict:
+  from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
+
+  tensors = {}
+  for path in sorted(glob.glob(os.path.join(model_dir, "*.safetensors"))):
+    tensors.update(load_file(path))
+  return tensors
 THRESHOLDS = validate_lib.Thresholds(max_abs_diff=1e-4, min_cosine=0.99999, min_argmax_agreement=1.0)
 
 
