@@ -179,8 +179,9 @@ def read_bytes(shape: Shape, chunk: Shape, itemsize: int, logical_axes: Sequence
   mapped = mesh_axes(logical_axes)
   grid = [math.ceil(n / c) for n, c in zip(shape, chunk)]
 
-  def nbytes(cell: tuple[int, ...]) -> int:
-    return math.prod(min(c, n - i * c) for i, c, n in zip(cell, chunk, shape)) * itemsize
+  def nbytes(box: tuple[range, ...]) -> int:
+    """The bytes of the chunks in a box of chunk ranges (the last chunk on an axis may be short)."""
+    return math.prod(max(0, min(r.stop * c, n) - r.start * c) for r, c, n in zip(box, chunk, shape)) * itemsize
 
   dedup, worst = 0, 0
   for host_start in range(0, devices, devices_per_host):
@@ -198,12 +199,14 @@ def read_bytes(shape: Shape, chunk: Shape, itemsize: int, logical_axes: Sequence
         index.append(position)
         ranges.append(range((position * extent) // c, min(g, ((position + 1) * extent - 1) // c + 1)))
       indices[tuple(index)] = tuple(ranges)
-    touched: set[tuple[int, ...]] = set()
-    for ranges in indices.values():
-      cells = list(itertools.product(*ranges))
-      worst += sum(nbytes(cell) for cell in cells)
-      touched.update(cells)
-    dedup += sum(nbytes(cell) for cell in touched)
+    boxes = list(set(indices.values()))
+    worst += sum(nbytes(box) for box in indices.values())
+    # The union of the host's boxes, by inclusion-exclusion (a host has a few distinct indices): enumerating the
+    # chunks instead took seconds per expert leaf of a full-size DeepSeek at fsdp=256.
+    for k in range(1, len(boxes) + 1):
+      for subset in itertools.combinations(boxes, k):
+        common = tuple(range(max(r.start for r in axis), min(r.stop for r in axis)) for axis in zip(*subset))
+        dedup += (-1) ** (k + 1) * nbytes(common)
   return dedup, worst
 
 

@@ -24,17 +24,20 @@ def _human(n: float) -> str:
   return f"{int(n)} B" if k == 0 else f"{n:.1f} {units[k]}"
 
 
-def predicted_peak_bytes(plan: Plan, baseline_bytes: int, max_inflight_bytes: int) -> int:
-  """Process baseline plus the in-flight blocks (at most the budget, at least the largest block) with overhead."""
-  _, block_shapes, _, _ = write_blocks(plan, max_inflight_bytes)
+def predicted_peak_bytes(plan: Plan, baseline_bytes: int, max_inflight_bytes: int,
+                         block_shapes: list | None = None) -> int:
+  """Process baseline plus the in-flight blocks (at most the budget, at least the largest block) with overhead;
+  `block_shapes`: the writer's cut under this budget, when the caller has it already."""
+  if block_shapes is None:
+    _, block_shapes, _, _ = write_blocks(plan, max_inflight_bytes)
   largest_block = max(math.prod(block) * leaf.dtype.itemsize for leaf, block in zip(plan.leaves, block_shapes))
   inflight = min(max(max_inflight_bytes, largest_block), plan.total_bytes)
   return int(baseline_bytes + INFLIGHT_OVERHEAD * inflight)
 
 
-def stored_leaves(plan: Plan, max_inflight_bytes: int) -> list[chunking.StoredLeaf]:
-  """Each leaf as it will be stored: its read chunks inside its write blocks (handlers.streaming)."""
-  lazies, block_shapes, _, _ = write_blocks(plan, max_inflight_bytes)
+def stored_leaves(plan: Plan, lazies: list, block_shapes: list) -> list[chunking.StoredLeaf]:
+  """Each leaf as it will be stored: its read chunks inside its write blocks (handlers.streaming), from the
+  writer's cut (`write_blocks`)."""
   out = []
   for leaf, lazy, block in zip(plan.leaves, lazies, block_shapes):
     chunk = inner_chunk_shape(lazy, tuple(block)) or tuple(block)
@@ -82,17 +85,18 @@ def describe(plan: Plan, *, baseline_bytes: int, max_inflight_bytes: int, shares
     lines.append(f"{leaf.name:{width}}  {str(leaf.shape):22}  {leaf.dtype.name:8}  {leaf.nbytes:>12,}"
                  f"  {formats[leaf.name]:{format_width}}  {sources}")
   tensors = _read_formats(plan)
+  lazies, block_shapes, _, _ = write_blocks(plan, max_inflight_bytes)
   lines += [
       "",
       f"leaves:            {len(plan.leaves)}",
       f"source tensors:    {sum(tensors.values())} ({', '.join(f'{n} {f}' for f, n in sorted(tensors.items()))})",
       f"bytes to write:    {plan.total_bytes:,} ({_human(plan.total_bytes)})",
-      f"predicted peak RSS: {_human(predicted_peak_bytes(plan, baseline_bytes, max_inflight_bytes))}"
+      f"predicted peak RSS: {_human(predicted_peak_bytes(plan, baseline_bytes, max_inflight_bytes, block_shapes))}"
       f" (budget {_human(max_inflight_bytes)})",
   ]
   meshes = (plan.chunking.target_mesh,) if plan.chunking.target_mesh else chunking.DEFAULT_MESHES
   lines.append(f"chunks:            {plan.chunking.record()}")
-  lines += amplification_lines(stored_leaves(plan, max_inflight_bytes), meshes)
+  lines += amplification_lines(stored_leaves(plan, lazies, block_shapes), meshes)
   for index, nbytes in enumerate(shares or []) if shares and len(shares) > 1 else ():
     lines.append(f"process {index} writes: {nbytes:,} bytes ({nbytes / max(1, plan.total_bytes):.1%})")
   lines += [f"warning: {w}" for w in plan.warnings]
