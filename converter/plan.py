@@ -111,9 +111,8 @@ def layout_names(source: TensorSource, aliases: tuple[tuple[str, str], ...]) -> 
   for name, tensor in source.tensors.items():
     layout_name = next((p.sub(r, name, count=1) for p, r in patterns if p.match(name)), name)
     if layout_name in named:
-      other = next(n for n, t in source.tensors.items() if t is named[layout_name])
-      raise ConversionError(f"{source.location}: tensors {other!r} and {name!r} are two names of one weight"
-                            f" ({layout_name!r}); the checkpoint mixes two naming schemes")
+      raise ConversionError(f"{source.location}: tensors {named[layout_name].name!r} and {name!r} are two names of"
+                            f" one weight ({layout_name!r}); the checkpoint mixes two naming schemes")
     named[layout_name] = tensor
   return named
 

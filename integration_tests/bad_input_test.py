@@ -32,12 +32,16 @@ def _can_mount_tmpfs() -> bool:
   return result.returncode == 0
 
 
-class BadInputTest(absltest.TestCase):
+class _Variants(absltest.TestCase):
+  """Variants of a good tiny checkpoint (`MODEL`, built once per class) with its config or tensors replaced."""
+
+  MODEL = ""
+  MODEL_CONFIG: dict = {}
 
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    cls.good = tiny_models.build_tiny_model("qwen3", harness.scratch_dir("good-"), num_hidden_layers=2)
+    cls.good = tiny_models.build_tiny_model(cls.MODEL, harness.scratch_dir("good-"), **cls.MODEL_CONFIG)
     cls.tensors = load_file(os.path.join(cls.good, SAFETENSORS))
     with open(os.path.join(cls.good, "config.json")) as f:
       cls.config = json.load(f)
@@ -56,6 +60,12 @@ class BadInputTest(absltest.TestCase):
 
   def assert_refused(self, model_dir: str, *expected: str, flags: tuple[str, ...] = (), out: str | None = None):
     return harness.assert_refused(self, model_dir, *expected, flags=flags, out=out)
+
+
+class BadInputTest(_Variants):
+
+  MODEL = "qwen3"
+  MODEL_CONFIG = {"num_hidden_layers": 2}
 
   def test_missing_config(self):
     path = self.variant(drop_config=True)
@@ -189,38 +199,24 @@ class BadInputTest(absltest.TestCase):
     self.assertNotIn("STEP_DIR_EXISTS", result.stdout)
 
 
-class BadMultimodalInputTest(absltest.TestCase):
+class BadMultimodalInputTest(_Variants):
   """A multimodal checkpoint (Gemma 3's SigLIP tower) whose tower disagrees with its config, or lacks a part."""
 
-  @classmethod
-  def setUpClass(cls):
-    super().setUpClass()
-    cls.good = tiny_models.build_tiny_model("gemma3_mm", harness.scratch_dir("good-mm-"))
-    cls.tensors = load_file(os.path.join(cls.good, SAFETENSORS))
-    with open(os.path.join(cls.good, "config.json")) as f:
-      cls.config = json.load(f)
-
-  def variant(self, *, config=None, tensors=None) -> str:
-    path = harness.scratch_dir("bad-mm-")
-    with open(os.path.join(path, "config.json"), "w") as f:
-      json.dump(self.config if config is None else config, f)
-    write_safetensors(os.path.join(path, SAFETENSORS), self.tensors if tensors is None else tensors)
-    return path
+  MODEL = "gemma3_mm"
 
   def test_tower_config_disagreeing_with_its_tensors(self):
     vision = dict(self.config["vision_config"], intermediate_size=self.config["vision_config"]["intermediate_size"] + 8)
-    harness.assert_refused(self, self.variant(config=dict(self.config, vision_config=vision)), SAFETENSORS,
-                           "vision_tower.encoder.layers.0.mlp.fc1.weight", "has shape", "implies")
+    self.assert_refused(self.variant(config=dict(self.config, vision_config=vision)), SAFETENSORS,
+                        "vision_tower.encoder.layers.0.mlp.fc1.weight", "has shape", "implies")
 
   def test_missing_projector(self):
     tensors = {k: v for k, v in self.tensors.items() if not k.startswith("multi_modal_projector.")}
-    harness.assert_refused(self, self.variant(tensors=tensors), "multi_modal_projector.mm_input_projection_weight",
-                           "missing")
+    self.assert_refused(self.variant(tensors=tensors), "multi_modal_projector.mm_input_projection_weight", "missing")
 
   def test_tower_maxtext_cannot_run_is_refused_naming_the_key(self):
     vision = dict(self.config["vision_config"], image_size=48)  # 12 patches a side: MaxText pools to 16.
     path = self.variant(config=dict(self.config, vision_config=vision))
-    harness.assert_refused(self, path, "vision_config image_size/patch_size = 48/4", "multiple of 16", "--text_only")
+    self.assert_refused(path, "vision_config image_size/patch_size = 48/4", "multiple of 16", "--text_only")
     # As the message says: the text decoder alone still converts.
     out = harness.scratch_dir("out-mm-")
     result = harness.run_converter(f"--hf_model_path={path}", f"--output_dir={out}", "--simulated_cpu_devices_count=1",

@@ -8,7 +8,6 @@ floor lowered (in-process, through the library call) and `--target_mesh` (which 
 
 from __future__ import annotations
 
-import glob
 import os
 
 from absl.testing import absltest
@@ -20,18 +19,10 @@ harness.start_jax()
 from converter import chunking, conversion, layout_inspection, to_huggingface  # pylint: disable=g-import-not-at-top
 from converter.options import PlanOptions, ReverseOptions, SaveOptions  # pylint: disable=g-import-not-at-top
 from converter.output.record import ConversionRecord  # pylint: disable=g-import-not-at-top
-from tools import tiny_models, validate_lib  # pylint: disable=g-import-not-at-top
+from tools import checkpoint_io, tiny_models, validate_lib  # pylint: disable=g-import-not-at-top
 
 MESH = "fsdp=4,tensor=2,expert=2"
 
-
-def load_tensors(model_dir: str) -> dict:
-  from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
-
-  tensors = {}
-  for path in sorted(glob.glob(os.path.join(model_dir, "*.safetensors"))):
-    tensors.update(load_file(path))
-  return tensors
 THRESHOLDS = validate_lib.Thresholds(max_abs_diff=1e-4, min_cosine=0.99999, min_argmax_agreement=1.0)
 
 
@@ -83,11 +74,11 @@ class ChunkLayoutTest(absltest.TestCase):
       self.assertEqual(report.failures(THRESHOLDS), [], report)
 
   def test_reverse_direction_gives_the_checkpoint_back(self):
-    original = load_tensors(self.model_dir)
+    original = checkpoint_io.read_safetensors_dir(self.model_dir)
     for items in (self.target, self.fine):
       back = os.path.join(harness.scratch_dir("back-"), "hf")
       to_huggingface.convert_to_huggingface(items, back, ReverseOptions())
-      tensors = load_tensors(back)
+      tensors = checkpoint_io.read_safetensors_dir(back)
       self.assertEqual(sorted(tensors), sorted(original))
       for name, value in original.items():
         self.assertEqual(tensors[name].tobytes(), value.tobytes(), name)

@@ -64,9 +64,8 @@ def _convert(hf_dir: str, out: str, layout_flags: list[str]) -> dict:
                             f"--output_dir={out}", "--overwrite", "--noprogress", *layout_flags],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ, PYTHONPATH=ROOT))
   _, status, usage = os.wait4(child.pid, 0)  # This child's own peak, not the restores' before it.
-  child.returncode = os.waitstatus_to_exitcode(status)
-  if child.returncode:
-    raise RuntimeError(f"converting {hf_dir} with {layout_flags} failed (exit {child.returncode})")
+  if os.waitstatus_to_exitcode(status):
+    raise RuntimeError(f"converting {hf_dir} with {layout_flags} failed (exit {os.waitstatus_to_exitcode(status)})")
   return {"seconds": time.monotonic() - start, "peak_mib": usage.ru_maxrss / 1024}
 
 

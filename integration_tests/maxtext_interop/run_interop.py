@@ -383,14 +383,15 @@ def main(argv: list[str]) -> int:
                     align=align, shipped_floor=spec.shipped_floor)
         cases.append(case)
         futures.append(pool.submit(lambda c: report(run_case(c)) or c, case))
-      if name in FLAGS.target_mesh_families and True in scans and True in spec.scans:
+      # Scan-on variants of some rows: a --target_mesh layout, a conversion by two processes.
+      variants = []
+      if name in FLAGS.target_mesh_families:
+        variants.append(("scan_on_target_mesh", dict(converter_flags=(f"--target_mesh={FLAGS.target_mesh}",))))
+      if name in FLAGS.multiprocess_families:
+        variants.append(("scan_on_2_processes", dict(processes=2)))
+      for work, variant in variants if True in scans and True in spec.scans else ():
         case = Case(name, tiny_models.TINY_MODELS[name].maxtext_model, True, hf_dir, ids_path, reference,
-                    os.path.join(model_dir, "scan_on_target_mesh"), converter_flags=(f"--target_mesh={FLAGS.target_mesh}",))
-        cases.append(case)
-        futures.append(pool.submit(lambda c: report(run_case(c)) or c, case))
-      if name in FLAGS.multiprocess_families and True in scans and True in spec.scans:
-        case = Case(name, tiny_models.TINY_MODELS[name].maxtext_model, True, hf_dir, ids_path, reference,
-                    os.path.join(model_dir, "scan_on_2_processes"), processes=2)
+                    os.path.join(model_dir, work), **variant)
         cases.append(case)
         futures.append(pool.submit(lambda c: report(run_case(c)) or c, case))
     concurrent.futures.wait(futures)

@@ -32,13 +32,9 @@ OWNS = {r"model\.vision_tower\.": "Gemma 4's vision tower", r"model\.embed_visio
 
 def towers(cfg: ModelConfig) -> Towers:
   """The tower of a `Gemma4ForConditionalGeneration` checkpoint (hub and transformers 5.24 names alike)."""
-  v = parts.sub_config(cfg, "vision_config")
-
-  def need(key, default=None):
-    return parts.require(cfg, v, "vision_config", key, default)
-
-  Dv, Hv, Iv, Nv = (int(need("hidden_size")), int(need("num_attention_heads")), int(need("intermediate_size")),
-                    int(need("num_hidden_layers")))
+  need = parts.Section.of(cfg, "vision_config")
+  v = need.values
+  Dv, Hv, Iv, Nv = need.encoder()
   p, k, Npos = int(need("patch_size")), int(need("pooling_kernel_size")), int(need("position_embedding_size"))
   E = cfg.hidden_size
   _check(cfg, v, Dv, Hv, p, k, Npos)

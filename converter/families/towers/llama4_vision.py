@@ -29,13 +29,9 @@ OWNS = {r"vision_model\.": "Llama 4's vision tower and pixel-shuffle adapter",
 
 def towers(cfg: ModelConfig) -> Towers:
   """The tower of a `Llama4ForConditionalGeneration` checkpoint (hub and transformers 5.24 names alike)."""
-  v = parts.sub_config(cfg, "vision_config")
-
-  def need(key, default=None):
-    return parts.require(cfg, v, "vision_config", key, default)
-
-  Dv, Hv, Iv, Nv = (int(need("hidden_size")), int(need("num_attention_heads")), int(need("intermediate_size")),
-                    int(need("num_hidden_layers")))
+  need = parts.Section.of(cfg, "vision_config")
+  v = need.values
+  Dv, Hv, Iv, Nv = need.encoder()
   t, p, C = need("image_size"), need("patch_size"), int(need("num_channels", 3))
   ratio = float(need("pixel_shuffle_ratio"))
   Pin, Pout, Vout = int(need("projector_input_dim")), int(need("projector_output_dim")), int(need("vision_output_dim"))

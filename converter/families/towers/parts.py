@@ -3,6 +3,7 @@ to MaxText (in, out) kernels, one `Param` each."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Mapping
 
 from converter import ops
@@ -24,6 +25,28 @@ def require(cfg: ModelConfig, sub: Mapping[str, Any], section: str, key: str, de
   if value is None:
     raise ConversionError(f"{cfg.path}: missing required key {section}.{key} for {cfg.architecture}'s tower")
   return value
+
+
+@dataclasses.dataclass(frozen=True)
+class Section:
+  """One tower's section of config.json (`vision_config`, ...): `section(key)` reads a required key, and errors
+  name the file, the section and the key."""
+
+  cfg: ModelConfig
+  name: str
+  values: Mapping[str, Any]
+
+  @classmethod
+  def of(cls, cfg: ModelConfig, name: str) -> Section:
+    return cls(cfg, name, sub_config(cfg, name))
+
+  def __call__(self, key: str, default: Any = None) -> Any:
+    return require(self.cfg, self.values, self.name, key, default)
+
+  def encoder(self) -> tuple[int, int, int, int]:
+    """A ViT-style encoder's (hidden size, attention heads, MLP width, layers)."""
+    return (int(self("hidden_size")), int(self("num_attention_heads")), int(self("intermediate_size")),
+            int(self("num_hidden_layers")))
 
 
 def dense(mt: str, hf: str, fan_in: int, fan_out: int, *, bias: bool = True) -> tuple[Param, ...]:

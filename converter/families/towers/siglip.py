@@ -21,16 +21,11 @@ IMAGE_TOKEN = 262144  # Hard-coded by MaxText, not read from config.json.
 
 def towers(cfg: ModelConfig, *, tower: str, projector: str) -> Towers:
   """The tower read from `tower` (e.g. "vision_tower.vision_model") and the projector from `projector`."""
-  v = parts.sub_config(cfg, "vision_config")
-
-  def need(key, default=None):
-    return parts.require(cfg, v, "vision_config", key, default)
-
-  Dv, Hv, Iv, Nv = int(need("hidden_size")), int(need("num_attention_heads")), int(need("intermediate_size")), int(
-      need("num_hidden_layers"))
+  need = parts.Section.of(cfg, "vision_config")
+  Dv, Hv, Iv, Nv = need.encoder()
   p, s, C = int(need("patch_size")), int(need("image_size")), int(need("num_channels", 3))
   E = cfg.hidden_size
-  _check(cfg, v, s, p)
+  _check(cfg, need.values, s, p)
   side = s // p
   params: list[Param] = [
       Param(f"{ENCODER}/embedding/kernel", f"{tower}.embeddings.patch_embedding.weight", (Dv, C, p, p),
