@@ -10,9 +10,13 @@ from converter.lazy_leaves import write_blocks
 from converter.plan import Plan
 from handlers.streaming import inner_chunk_shape
 
-# Measured (README, "Memory"): Orbax and tensorstore hold encoding buffers for the blocks in flight, so the
-# resident set grows by about this multiple of the byte budget on top of the process baseline.
-INFLIGHT_OVERHEAD = 3.0
+# Fitted to the peaks tools/benchmark.py measures beside each prediction (docs/memory-and-streaming.md): every
+# byte of the budget in flight holds about this many resident (the block, and tensorstore's encoded shard of it
+# until it is on disk), plus a share the writer holds whatever the budget (its thread pools' arenas, OCDBT's
+# manifest, the heap's high-water mark), plus the dequantizing reads' float32 pieces on the loader threads.
+INFLIGHT_OVERHEAD = 1.8
+WRITER_BYTES = 112 << 20
+DEQUANTIZING_READS_BYTES = 48 << 20
 
 
 def _human(n: float) -> str:
@@ -26,13 +30,16 @@ def _human(n: float) -> str:
 
 def predicted_peak_bytes(plan: Plan, baseline_bytes: int, max_inflight_bytes: int,
                          block_shapes: list | None = None) -> int:
-  """Process baseline plus the in-flight blocks (at most the budget, at least the largest block) with overhead;
+  """Process baseline (this process, planned: what the conversion's has too) plus the writer's share, the blocks in
+  flight (at most the budget, at least the largest block) with their encoded copies, and the dequantizing reads;
   `block_shapes`: the writer's cut under this budget, when the caller has it already."""
   if block_shapes is None:
     _, block_shapes, _, _ = write_blocks(plan, max_inflight_bytes)
   largest_block = max(math.prod(block) * leaf.dtype.itemsize for leaf, block in zip(plan.leaves, block_shapes))
   inflight = min(max(max_inflight_bytes, largest_block), plan.total_bytes)
-  return int(baseline_bytes + INFLIGHT_OVERHEAD * inflight)
+  dequantizing = plan.source.quant_method is not None and not plan.fp8
+  return int(baseline_bytes + WRITER_BYTES + INFLIGHT_OVERHEAD * inflight
+             + (DEQUANTIZING_READS_BYTES if dequantizing else 0))
 
 
 def stored_leaves(plan: Plan, lazies: list, block_shapes: list) -> list[chunking.StoredLeaf]:

@@ -1,9 +1,10 @@
-"""`--hf_model_path=ORG/NAME`: a Hugging Face Hub repo id, resolved to a directory of the local HF cache.
+"""`--hf_model_path=ORG/NAME` (and `--lora_adapter_path=ORG/NAME`): a Hugging Face Hub repo id, resolved to a
+directory of the local HF cache.
 
 Only what a conversion reads is fetched: config.json, the safetensors index when there is one, and the shards it
-names (or model.safetensors); never tokenizers, other formats or the rest of the repo. Files already in the cache
-are used as they are (no request at all); `HF_HUB_OFFLINE=1` uses nothing else; `HF_TOKEN` and `HF_HUB_CACHE` are
-huggingface_hub's own.
+names (or model.safetensors); for an adapter, adapter_config.json and adapter_model.safetensors; never tokenizers,
+other formats or the rest of the repo. Files already in the cache are used as they are (no request at all);
+`HF_HUB_OFFLINE=1` uses nothing else; `HF_TOKEN` and `HF_HUB_CACHE` are huggingface_hub's own.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import os
 import re
 
 from converter.errors import ConversionError
+from converter.sources.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 
 _REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 INDEX = "model.safetensors.index.json"
@@ -73,3 +75,15 @@ def resolve_model_path(repo_id: str, revision: str = "main") -> str:
       raise ConversionError(f"{repo_id} (revision {revision}): {shard} is not in the repo"
                             f"{' (named by ' + INDEX + ')' if index else ' (no ' + INDEX + ' either)'}")
   return os.path.dirname(config)
+
+
+def resolve_adapter_path(repo_id: str, revision: str = "main") -> str:
+  """The snapshot directory holding `repo_id`'s PEFT adapter (adapter_config.json, adapter_model.safetensors)."""
+  paths = []
+  for filename in (ADAPTER_CONFIG, ADAPTER_WEIGHTS):
+    path = _fetch(repo_id, filename, revision)
+    if path is None:
+      raise ConversionError(f"{repo_id} (revision {revision}): the repo has no {filename} (not a PEFT adapter saved"
+                            " with safetensors)")
+    paths.append(path)
+  return os.path.dirname(paths[0])

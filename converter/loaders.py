@@ -165,11 +165,42 @@ class Stack:
     along = index[self.axis]
     part_index = index[: self.axis] + index[self.axis + 1 :]
     ks = range(*along.indices(self.shape[self.axis]))
+    if len(ks) == 1:
+      # One part (a block of one expert or layer, the common case): its region is the block, without a second
+      # block-sized copy alive beside it while the block is read.
+      part = self.parts[ks[0]].region(part_index)
+      return np.ascontiguousarray(np.expand_dims(part, self.axis), dtype=self.dtype)
     out_shape = tuple(len(range(*s.indices(d))) for s, d in zip(index, self.shape))
     out = np.empty(out_shape, dtype=self.dtype)
     for j, k in enumerate(ks):
       assign(out[(slice(None),) * self.axis + (j,)], self.parts[k].region(part_index))
     return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Fill:
+  """Loader: a leaf every element of which is `value`, read from no source tensor (a MaxText weight the HF model
+  does not have because it is fixed there: DeepSeek V4's mHC norm scales, ones)."""
+
+  value: float
+  shape: Shape
+  dtype: np.dtype
+
+  @property
+  def block_shape(self) -> Shape:
+    return self.shape
+
+  def source_tensors(self) -> tuple[SourceTensor, ...]:
+    return ()
+
+  def map_reads(self, read: Callable[[Loader], Loader]) -> Loader:
+    return self
+
+  def __call__(self) -> np.ndarray:
+    return np.full(self.shape, self.value, self.dtype)
+
+  def region(self, index: tuple[slice, ...]) -> np.ndarray:
+    return np.full(tuple(len(range(*s.indices(d))) for s, d in zip(index, self.shape)), self.value, self.dtype)
 
 
 @dataclasses.dataclass(frozen=True)

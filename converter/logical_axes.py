@@ -23,6 +23,18 @@ _RULES: tuple[tuple[str, int, Axes], ...] = (
     (r"per_layer_embedder/embed_tokens_per_layer$", 2, ("vocab", "embed_vocab")),
     (r"(^|/)logits_dense/kernel$", 2, ("embed_vocab", "vocab")),
     (r"per_layer_embedder/per_layer_model_projection/kernel$", 2, ("embed", "mlp")),
+    # DeepSeek V4: mHC mixers (their betas and scales are annotated, unnamed), compressed attention and its
+    # indexer, the grouped output projection (its wq_a is named by the family: q_lora, not V3's q_lora_up_proj).
+    (r"(^|/)hc_head/hc_fn$", 2, ("activation_embed", None)),
+    (r"mhc_(attention|mlp)/(pre|post|res)_alpha$", 2, ("activation_embed", None)),
+    (r"mhc_(attention|mlp)/((pre|post)_beta|(pre|post|res)_alpha_scale)$", 1, (None,)),
+    (r"mhc_(attention|mlp)/res_beta$", 2, (None, None)),
+    (r"(csa|hca)_compressor/(indexer/)?(kv_proj|gate_proj)/kernel$", 2, ("embed_attn", "kv")),
+    (r"csa_compressor/indexer/q_proj/kernel$", 2, ("q_lora", "indexer_q")),
+    (r"csa_compressor/indexer/weights_proj/kernel$", 2, ("embed_attn", "indexer_weights")),
+    (r"self_attention/o_a_proj/kernel$", 3, ("o_groups", "q_heads", "o_lora_up_proj")),
+    (r"self_attention/o_b_proj/kernel$", 2, ("o_lora_up_proj", "embed_attn")),
+    (r"self_attention/wkv/kernel$", 3, ("embed_attn", "kv_heads", "kv_head_dim")),
     # Multi-head latent attention (DeepSeek) and its indexer.
     (r"wq_a/kernel$", 2, ("embed_attn", "q_lora_up_proj")),
     (r"wkv_a/kernel$", 2, ("embed_attn", "kv_lora_up_proj")),
@@ -50,7 +62,7 @@ _RULES: tuple[tuple[str, int, Axes], ...] = (
     (r"/wo_bias$", 2, ("exp", "activation_embed")),
     (r"/per_expert_scale$", 1, ("exp",)),
     (r"per_layer_input_gate/kernel$", 2, ("embed", "mlp")),
-    (r"(Block_\d+|moe_block)/MoeBlock_\d+/gate/kernel$", 2, ("embed_router", None)),
+    (r"(Block_\d+|moe_block|(^|/)mlp)/MoeBlock_\d+/gate/kernel$", 2, ("embed_router", None)),
     (r"gate/kernel$", 2, ("embed", None)),
     (r"gate/bias$", 1, (None,)),
     # Dense MLPs (decoders, shared experts, Gemma 4's per-layer inputs, the Gemma 4 projector, the audio tower).

@@ -32,9 +32,19 @@ flags.DEFINE_enum("direction", "to_maxtext", ["to_maxtext", "to_huggingface"],
 flags.DEFINE_string("hf_model_path", None, "HF checkpoint: a directory (config.json + safetensors), a bucket path"
                     " (gs://BUCKET/DIR) or a Hub repo id (ORG/NAME, see --revision); to_maxtext only.")
 flags.DEFINE_string("revision", "main", "Hub revision (branch, tag or commit) when --hf_model_path is a repo id.")
+flags.DEFINE_string("lora_adapter_path", None, "to_maxtext: a PEFT LoRA adapter (adapter_config.json +"
+                    " adapter_model.safetensors) merged into the weights while converting: a directory, a bucket"
+                    " path or a Hub repo id, as --hf_model_path (docs/lora.md).")
+flags.DEFINE_string("lora_adapter_revision", "main", "Hub revision when --lora_adapter_path is a repo id.")
 flags.DEFINE_string("output_dir", None, "to_maxtext: directory for the Orbax checkpoint (step 0 is written to"
                     " OUTPUT_DIR/0). to_huggingface: the HF checkpoint directory to create.")
 flags.DEFINE_string("checkpoint_path", None, "to_huggingface: the Orbax checkpoint to read, e.g. OUTPUT_DIR/0/items.")
+flags.DEFINE_enum("export", "model", ["model", "lora_adapter"], "to_huggingface: model: the HF checkpoint."
+                  " lora_adapter: a MaxText LoRA checkpoint's qwix factors (kernel_lora_a / kernel_lora_b) as a PEFT"
+                  " adapter directory (adapter_config.json + adapter_model.safetensors) for the base model of"
+                  " --hf_config_path (docs/lora.md).")
+flags.DEFINE_float("lora_alpha", None, "--export=lora_adapter: the adapter's lora_alpha, for a LoRA checkpoint"
+                   " whose metadata records none (MaxText's trainer records it).")
 flags.DEFINE_string("max_shard_size", "5GB", "to_huggingface: largest safetensors shard, e.g. 5GB, 500MB, 2GiB.")
 flags.DEFINE_string("family", None, "to_huggingface: model family (default: recorded in the checkpoint metadata).")
 flags.DEFINE_string("hf_config_path", None, "to_huggingface: the original config.json (or its directory), for"
@@ -95,12 +105,15 @@ def _resolve(path: str) -> str:
   return storage.resolve(path)
 
 
-def _model_path(value: str) -> str:
-  """--hf_model_path: a bucket path, a local directory, or a Hub repo id resolved to the local HF cache."""
+def _model_path(value: str, adapter: bool = False) -> str:
+  """--hf_model_path (--lora_adapter_path with `adapter`): a bucket path, a local directory, or a Hub repo id
+  resolved to the local HF cache."""
   from converter import hub  # pylint: disable=g-import-not-at-top
 
   local = _resolve(value)
   if hub.looks_like_repo_id(value, local):
+    if adapter:
+      return hub.resolve_adapter_path(value, FLAGS.lora_adapter_revision)
     return hub.resolve_model_path(value, FLAGS.revision)
   return local
 
@@ -146,7 +159,11 @@ def _run_to_huggingface() -> None:
       hf_config_path=_resolve(FLAGS.hf_config_path) if FLAGS.hf_config_path else None,
       target_model=FLAGS.target_model,
       read_ahead_bytes=FLAGS.max_inflight_bytes,
+      lora_alpha=FLAGS.lora_alpha,
   )
+  if FLAGS.export == "lora_adapter":
+    _export_lora_adapter(options, run, start)
+    return
   result = to_huggingface.convert_to_huggingface(_resolve(FLAGS.checkpoint_path), _resolve(FLAGS.output_dir),
                                                  options, run)
   seconds = time.monotonic() - start
@@ -166,9 +183,20 @@ def _run_to_huggingface() -> None:
     print(f"warning:       {warning}")
 
 
+def _export_lora_adapter(options: ReverseOptions, run: RunContext, start: float) -> None:
+  from converter import lora_export  # pylint: disable=g-import-not-at-top
+
+  export = lora_export.export_lora_adapter(_resolve(FLAGS.checkpoint_path), _resolve(FLAGS.output_dir), options, run)
+  print(f"family:        {export.family}, target model {export.target_model}")
+  print(f"lora:          {len(export.modules)} modules, r {export.rank}, lora_alpha {export.alpha:g}"
+        f" ({export.dtype.name})")
+  print(f"seconds:       {time.monotonic() - start:.2f}")
+  print(f"output:        {_resolve(FLAGS.output_dir)} (PEFT adapter for {export.base_model})")
+
+
 _TO_MAXTEXT_ONLY = ("scan_layers", "lazy_load_tensors", "simulated_cpu_devices_count", "save_dtype",
                     "target_vocab_size", "allow_unused_tensors", "dry_run", "verify", "resume",
-                    "keep_fp8", "revision", "compression")
+                    "keep_fp8", "revision", "compression", "lora_adapter_path", "lora_adapter_revision")
 
 
 def run() -> None:
@@ -177,6 +205,8 @@ def run() -> None:
     if ignored:
       raise app.UsageError(f"{', '.join(ignored)} apply to --direction=to_maxtext only")
     _run_to_huggingface()
+  elif FLAGS["export"].present or FLAGS["lora_alpha"].present:
+    raise app.UsageError("--export and --lora_alpha apply to --direction=to_huggingface only")
   elif FLAGS.dry_run:
     # Several processes' devices simulated in this one, so that the shares come out as the real run's.
     _start_jax(FLAGS.simulated_cpu_devices_count * FLAGS.num_processes)
@@ -194,6 +224,8 @@ def _plan_options() -> PlanOptions:
   return PlanOptions(scan_layers=FLAGS.scan_layers, save_dtype=FLAGS.save_dtype, target_model=FLAGS.target_model,
                      target_vocab_size=FLAGS.target_vocab_size, allow_unused_tensors=FLAGS.allow_unused_tensors,
                      keep_fp8=FLAGS.keep_fp8, text_only=FLAGS.text_only,
+                     lora_adapter_path=_model_path(FLAGS.lora_adapter_path, adapter=True) if FLAGS.lora_adapter_path
+                     else None,
                      chunking=ChunkRule(fsdp_max=FLAGS.chunk_fsdp_max, cut=FLAGS.chunk_layout,
                                         target_mesh=parse_mesh(FLAGS.target_mesh) if FLAGS.target_mesh else ()))
 
@@ -222,6 +254,7 @@ def _run_to_maxtext() -> None:
           f" ({plan.fp8.block}-element blocks)")
   elif plan.source.quant_method:
     print(f"source:        {plan.source.quant_method} weights, dequantized while streaming")
+  _print_lora(plan)
   print(f"bytes:         {plan.total_bytes:,}")
   print(f"seconds:       {seconds:.2f}")
   print(f"peak RSS:      {_peak_rss_bytes() / 2**20:.0f} MiB")
@@ -238,6 +271,17 @@ def _run_to_maxtext() -> None:
         + " ".join(f"{k}={json.dumps(v, separators=(',', ':'))}" for k, v in result.overrides.items()))
   if FLAGS.verify:
     _verify(plan, result.items_path, run.processes)
+
+
+def _print_lora(plan) -> None:
+  """The adapter a conversion merged (--lora_adapter_path), when it merged one."""
+  from converter.sources.lora import LoraMergedSource  # pylint: disable=g-import-not-at-top
+
+  if isinstance(plan.source, LoraMergedSource):
+    adapter = plan.source.adapter
+    print(f"lora:          {len(adapter.modules)} modules of {adapter.location} merged (r {adapter.rank},"
+          f" lora_alpha {adapter.alpha:g}{', rsLoRA' if adapter.use_rslora else ''}"
+          f"{', rank/alpha patterns' if adapter.rank_pattern or adapter.alpha_pattern else ''})")
 
 
 def _start_up_done() -> None:

@@ -14,10 +14,32 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import ml_dtypes
 import numpy as np
 
 from converter.arrays import Shape
 from converter.arrays import transpose_last_two
+
+
+# Float32 arithmetic on a block is done this many bytes of float32 at a time: a whole 16 MiB bfloat16 block made
+# float32 (twice its size), then a product of that, held four blocks' worth alive beside the block.
+_FLOAT32_SLAB_BYTES = 1 << 20
+
+
+def _in_float32(x: np.ndarray, apply) -> np.ndarray:
+  """`apply(float32 slab)` (in place) over `x`, slab by slab along its first axis, cast back to x's dtype; a
+  float32 `x` is changed in place (every op's input is its own fresh copy)."""
+  if x.dtype == np.float32 or x.ndim == 0:
+    y = x.astype(np.float32, copy=x.dtype != np.float32)
+    apply(y)
+    return y.astype(x.dtype, copy=False)
+  out = np.empty_like(x)
+  step = max(1, _FLOAT32_SLAB_BYTES // max(1, 4 * math.prod(x.shape[1:])))
+  for start in range(0, x.shape[0], step):
+    slab = x[start:start + step].astype(np.float32)
+    apply(slab)
+    out[start:start + step] = slab
+  return out
 
 
 class Op:
@@ -104,7 +126,8 @@ class ScaleInFloat32(Op):
     return shape
 
   def __call__(self, x: np.ndarray) -> np.ndarray:
-    return (x.astype(np.float32) * np.float32(self.factor)).astype(x.dtype)
+    factor = np.float32(self.factor)
+    return _in_float32(x, lambda y: np.multiply(y, factor, out=y))
 
   def inverse(self, input_shape: Shape) -> Op:
     return DivideInFloat32(self.factor)
@@ -132,7 +155,8 @@ class DivideInFloat32(Op):
     return shape
 
   def __call__(self, x: np.ndarray) -> np.ndarray:
-    return (x.astype(np.float32) / np.float32(self.factor)).astype(x.dtype)
+    factor = np.float32(self.factor)
+    return _in_float32(x, lambda y: np.divide(y, factor, out=y))
 
   def inverse(self, input_shape: Shape) -> Op:
     return ScaleInFloat32(self.factor)
@@ -150,7 +174,8 @@ class AddInFloat32(Op):
   exact = False  # x + 1 - 1 loses the low bits of small |x| (in bfloat16: everything below 2^-8 relative to 1).
 
   def __call__(self, x: np.ndarray) -> np.ndarray:
-    return (x.astype(np.float32) + np.float32(self.offset)).astype(x.dtype)
+    offset = np.float32(self.offset)
+    return _in_float32(x, lambda y: np.add(y, offset, out=y))
 
   def inverse(self, input_shape: Shape) -> Op:
     return AddInFloat32(-self.offset)
@@ -323,6 +348,50 @@ def interleaved(index: int, parts: int, length: int, axis: int = -1) -> Slot:
 def halves(index: int, parts: int, length: int, axis: int = -1) -> Slot:
   """The `index`-th of `parts` equal runs of an axis of `length` (Llama 4's gate_up_proj: gate first)."""
   return Slot(axis, 1, (length // parts,) * parts, index)
+
+
+@dataclasses.dataclass(frozen=True)
+class IntegerIds(Op):
+  """Integer ids in [0, `bound`) kept as floats, as MaxText keeps them (DeepSeek V4's hash-routing table
+  `tid2eid`, a float32 Tid2EidVar): the source casts them on read, exactly wherever the save dtype holds every
+  integer below `bound` (`exact_in`); the plan refuses the others. Values outside [0, bound) or not integral are
+  refused on read. Converting back writes them as `hf_dtype` integers again."""
+
+  bound: int
+  hf_dtype: str = "int64"
+
+  def exact_in(self, dtype: np.dtype) -> bool:
+    """Whether `dtype` represents every integer in [0, bound)."""
+    return self.bound <= 2 ** (int(ml_dtypes.finfo(dtype).nmant) + 1)
+
+  def shape(self, shape: Shape) -> Shape:
+    return shape
+
+  def __call__(self, x: np.ndarray) -> np.ndarray:
+    wide = x.astype(np.float64)
+    if not (np.all(wide == np.round(wide)) and np.all((wide >= 0) & (wide < self.bound))):
+      raise ValueError(f"ids outside the integers 0..{self.bound - 1}")
+    return x
+
+  def inverse(self, input_shape: Shape) -> Op:
+    return IdsToIntegers(self.bound, self.hf_dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class IdsToIntegers(Op):
+  """Float-held ids back to `hf_dtype` integers (undoes IntegerIds; refuses a value that is not one of its ids)."""
+
+  bound: int
+  hf_dtype: str = "int64"
+
+  def shape(self, shape: Shape) -> Shape:
+    return shape
+
+  def __call__(self, x: np.ndarray) -> np.ndarray:
+    return IntegerIds(self.bound)(x).astype(np.float64).astype(self.hf_dtype)
+
+  def inverse(self, input_shape: Shape) -> Op:
+    return IntegerIds(self.bound, self.hf_dtype)
 
 
 def output_shape(ops: tuple[Op, ...], shape: Shape) -> Shape:

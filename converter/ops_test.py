@@ -45,6 +45,28 @@ class OpsTest(absltest.TestCase):
         else:
           self.assertLessEqual(float(ulps(value, original).max()), 1.0, recipe)
 
+  def test_float32_arithmetic_slab_by_slab_equals_the_whole_array_formula(self):
+    # 3000 x 200 float32 values are 2.3 MiB: three slabs, the last one partial.
+    x = np.random.default_rng(1).standard_normal((3000, 2, 100)).astype(np.float32)
+    for dtype in (np.float32, ml_dtypes.bfloat16):
+      value = x.astype(dtype)
+      for op, formula in ((ops.ScaleInFloat32(1 / np.sqrt(40)), lambda y: y * np.float32(1 / np.sqrt(40))),
+                          (ops.DivideInFloat32(0.3), lambda y: y / np.float32(0.3)),
+                          (ops.AddInFloat32(1.0), lambda y: y + np.float32(1.0))):
+        expected = formula(value.astype(np.float32)).astype(dtype)
+        self.assertEqual(op(value.copy()).tobytes(), expected.tobytes(), (op, dtype))
+
+  def test_integer_ids_are_held_exactly_or_refused(self):
+    ids = ops.IntegerIds(256)
+    self.assertTrue(ids.exact_in(np.dtype(ml_dtypes.bfloat16)))  # 0..255: 8 significant bits.
+    self.assertFalse(ops.IntegerIds(257).exact_in(np.dtype(ml_dtypes.bfloat16)))
+    self.assertTrue(ops.IntegerIds(2 ** 24).exact_in(np.dtype(np.float32)))
+    table = np.array([[3, 255], [0, 7]], np.float32)
+    back = ids.inverse(table.shape)(ids(table))
+    self.assertEqual((back.dtype, back.tolist()), (np.dtype(np.int64), [[3, 255], [0, 7]]))
+    for bad in (np.array([256.0], np.float32), np.array([-1.0], np.float32), np.array([2.5], np.float32)):
+      with self.assertRaisesRegex(ValueError, "ids outside the integers 0..255"):
+        ids(bad)
 
   def test_permute_reorders_axes_and_its_inverse_restores_them(self):
     x = np.arange(2 * 3 * 4 * 5).reshape(2, 3, 4, 5)

@@ -40,6 +40,7 @@ class PlanOptions:
   allow_unused_tensors: bool = False
   keep_fp8: bool = False  # FP8 kernels kept beside their block scales (MaxText's fp8 models).
   text_only: bool = False  # A multimodal checkpoint's text decoder alone, its towers skipped.
+  lora_adapter_path: str | None = None  # A PEFT LoRA adapter directory merged into the weights (sources/lora.py).
   chunking: ChunkRule = ChunkRule()  # Where stored chunks are cut, for the mesh that restores them.
 
 
@@ -63,6 +64,7 @@ class ReverseOptions:
   target_model: str | None = None
   read_cache_bytes: int = 1 << 30
   read_ahead_bytes: int = 128 << 20
+  lora_alpha: float | None = None  # --export=lora_adapter: for checkpoints whose metadata records no lora_alpha.
 
 
 @dataclasses.dataclass(frozen=True)

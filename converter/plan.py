@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -23,10 +23,10 @@ from converter.errors import ConversionError
 from converter.families import Family, Layout, Param, ResolvedModel
 from converter.families.runtime import Runtime
 from converter.loader import Loader
-from converter.loaders import FromTensor, JoinSlots, Stack
+from converter.loaders import Fill, FromTensor, JoinSlots, Stack
 from converter.model_config import ModelConfig
 from converter.native_fp8 import Fp8Output
-from converter.ops import Op, output_shape
+from converter.ops import IntegerIds, Op, output_shape
 from converter.options import PlanOptions
 from converter.sources import FLOATING, TensorSource
 
@@ -103,13 +103,19 @@ class Plan:
     return {"step": 0, "params": {"params": params}, "opt_state": {}}
 
 
-def layout_names(source: TensorSource, aliases: tuple[tuple[str, str], ...]) -> dict[str, Any]:
-  """The source's tensors under the names the family's layout uses: each stored name renamed by the first alias
-  (regex, replacement) that matches it. Two stored tensors landing on one name are refused, naming both."""
+def alias_renamer(aliases: tuple[tuple[str, str], ...]) -> Callable[[str], str]:
+  """A stored name as the family's layout reads it: renamed by the first alias (regex, replacement) that matches."""
   patterns = [(re.compile(pattern), replacement) for pattern, replacement in aliases]
+  return lambda name: next((p.sub(r, name, count=1) for p, r in patterns if p.match(name)), name)
+
+
+def layout_names(source: TensorSource, aliases: tuple[tuple[str, str], ...]) -> dict[str, Any]:
+  """The source's tensors under the names the family's layout uses (`alias_renamer`). Two stored tensors landing
+  on one name are refused, naming both."""
+  rename = alias_renamer(aliases)
   named: dict[str, Any] = {}
   for name, tensor in source.tensors.items():
-    layout_name = next((p.sub(r, name, count=1) for p, r in patterns if p.match(name)), name)
+    layout_name = rename(name)
     if layout_name in named:
       raise ConversionError(f"{source.location}: tensors {named[layout_name].name!r} and {name!r} are two names of"
                             f" one weight ({layout_name!r}); the checkpoint mixes two naming schemes")
@@ -120,11 +126,10 @@ def layout_names(source: TensorSource, aliases: tuple[tuple[str, str], ...]) -> 
 class _Sources:
   """Source tensors by the layout's names, with the checks every lookup needs."""
 
-  def __init__(self, source: TensorSource, tensors: dict[str, Any], config: ModelConfig, save_dtype: np.dtype):
+  def __init__(self, source: TensorSource, tensors: dict[str, Any], config: ModelConfig):
     self._source = source
     self.tensors = tensors
     self._config = config
-    self._dtype = save_dtype
     self.used: set[str] = set()
 
   def shape(self, name: str) -> Shape | None:
@@ -136,7 +141,7 @@ class _Sources:
     """The names the checkpoint stores these layout names' tensors under (what messages show)."""
     return [self.tensors[n].name if n in self.tensors else n for n in names]
 
-  def load(self, name: str, expected_shape: Shape, ops: tuple[Op, ...],
+  def load(self, name: str, expected_shape: Shape, ops: tuple[Op, ...], dtype: np.dtype,
            lead: tuple[int, ...] = ()) -> tuple[FromTensor, Shape]:
     tensor = self.tensors.get(name)
     if tensor is None:
@@ -149,7 +154,13 @@ class _Sources:
     files = ", ".join(tensor.files)
     if tensor.name != name:
       name = f"{tensor.name}' (read as '{name}"
-    if tensor.dtype not in FLOATING:
+    ids = ops[0] if ops and isinstance(ops[0], IntegerIds) else None
+    if ids is not None and tensor.dtype.kind in "iu":
+      if not ids.exact_in(dtype):
+        raise ConversionError(
+            f"{files}: tensor {name!r} holds ids up to {ids.bound - 1}, which --save_dtype={dtype.name} cannot"
+            " all represent exactly; convert with --save_dtype=float32")
+    elif tensor.dtype not in FLOATING:
       raise ConversionError(
           f"{files}: tensor {name!r} has dtype {tensor.format}; only floating-point weights (F32, F16, BF16, F64)"
           " can be converted, or quantized ones whose config.json names a supported"
@@ -165,7 +176,7 @@ class _Sources:
       shape = output_shape(ops, part)
     except ValueError as e:
       raise ConversionError(f"{files}: tensor {name!r}: {e}") from e
-    return FromTensor(tensor, lead, ops, self._dtype, shape), shape
+    return FromTensor(tensor, lead, ops, dtype, shape), shape
 
 
 def _stack(parts: list[tuple[Loader, Shape]], axis: int, dtype: np.dtype) -> tuple[Loader, Shape]:
@@ -178,17 +189,20 @@ def _param_loader(sources: _Sources, param: Param, layer: int | None, dtype: np.
   """One MaxText layer's (or the top level's) value of `param`: its loader, shape and HF source names."""
   if layer is not None:
     layer = param.hf_layer(layer)
+  if param.constant is not None:
+    shape = tuple(param.hf_shape)
+    return Fill(param.constant, shape, dtype), shape, []
   if not param.experts:
     name = param.hf.format(layer=layer)
-    loader, shape = sources.load(name, param.hf_shape, param.ops)
+    loader, shape = sources.load(name, param.hf_shape, param.ops, dtype)
     return loader, shape, sources.stored([name])
   if param.experts_in_tensor:
     name = param.hf.format(layer=layer)
-    parts = [sources.load(name, param.hf_shape, param.ops, lead=(e,)) for e in range(param.experts)]
+    parts = [sources.load(name, param.hf_shape, param.ops, dtype, lead=(e,)) for e in range(param.experts)]
     loader, shape = _stack(parts, 0, dtype)
     return loader, shape, sources.stored([name])
   names = [param.hf.format(layer=layer, expert=e) for e in range(param.experts)]
-  parts = [sources.load(n, param.hf_shape, param.ops) for n in names]
+  parts = [sources.load(n, param.hf_shape, param.ops, dtype) for n in names]
   loader, shape = _stack(parts, 0, dtype)
   return loader, shape, sources.stored(names)
 
@@ -220,17 +234,32 @@ def _by_leaf(params: tuple[Param, ...]) -> dict[str, list[Param]]:
   return leaves
 
 
-def _layer_leaves(sources: _Sources, layout: Layout, dtype: np.dtype) -> Iterator[Leaf]:
+def _axes(param: Param, rank: int) -> tuple[str | None, ...] | None:
+  """MaxText's logical axes of one layer's value of `param`'s leaf: the family's where it names them."""
+  return param.logical_axes if param.logical_axes is not None else logical_axes.per_layer(param.maxtext, rank)
+
+
+def _leaf_dtype(sources: _Sources, params: list[Param], layer: int | None, save_dtype: np.dtype) -> np.dtype:
+  """--save_dtype, or float32 for a leaf whose params all keep the float32 their checkpoint stores."""
+  if save_dtype.itemsize >= 4 or not all(p.keep_float32 for p in params):
+    return save_dtype
+  names = [p.hf.format(layer=None if layer is None else p.hf_layer(layer)) for p in params]
+  stored = [sources.tensors.get(n) for n in names]
+  return np.dtype(np.float32) if all(t is not None and t.dtype == np.float32 for t in stored) else save_dtype
+
+
+def _layer_leaves(sources: _Sources, layout: Layout, save_dtype: np.dtype) -> Iterator[Leaf]:
   for group in layout.groups:
     group = group.resolved(sources.shape)
     for maxtext, params in _by_leaf(group.params).items():
+      dtype = _leaf_dtype(sources, params, next(iter(group.positions()))[1], save_dtype)
       per_layer = {layer: _leaf_loader(sources, params, layer, dtype) for _, layer in group.positions()}
       names = tuple(dict.fromkeys(n for _, _, ns in per_layer.values() for n in ns))
       path = (*group.path, *maxtext.split("/"))
       axis = params[0].scan_axis
       if not group.stacked:
         (loader, shape, _), = per_layer.values()
-        axes = logical_axes.per_layer(maxtext, len(shape))
+        axes = _axes(params[0], len(shape))
       elif group.nested:  # Layers of a block on the scan axis, then the blocks in front of them.
         blocks = [_stack([per_layer[layer][:2] for layer in block], axis, dtype) for block in group.layers]
         loader, shape = _stack(blocks, axis, dtype)
@@ -238,7 +267,7 @@ def _layer_leaves(sources: _Sources, layout: Layout, dtype: np.dtype) -> Iterato
         loader, shape = _stack([per_layer[layer][:2] for layer in group.layers], axis, dtype)
       if group.stacked:
         stacking = group.stacking_names
-        axes = logical_axes.stacked(logical_axes.per_layer(maxtext, len(shape) - len(stacking)), axis, stacking)
+        axes = logical_axes.stacked(_axes(params[0], len(shape) - len(stacking)), axis, stacking)
       yield Leaf(path, shape, dtype, names, loader, axes)
 
 
@@ -284,12 +313,13 @@ def build_plan(source: TensorSource, model: ResolvedModel, options: PlanOptions)
   layout = model.layout(target_vocab, scan_layers)
   tensors = layout_names(source, model.tensor_aliases())
   check_tied_embeddings(tensors, config, layout)
-  sources = _Sources(source, tensors, config, dtype)
+  sources = _Sources(source, tensors, config)
   leaves = []
   for maxtext, params in _by_leaf(layout.top).items():
-    loader, shape, names = _leaf_loader(sources, params, None, dtype)
-    leaves.append(Leaf(tuple(maxtext.split("/")), shape, dtype, tuple(names), loader,
-                       logical_axes.per_layer(maxtext, len(shape))))
+    leaf_dtype = _leaf_dtype(sources, params, None, dtype)
+    loader, shape, names = _leaf_loader(sources, params, None, leaf_dtype)
+    leaves.append(Leaf(tuple(maxtext.split("/")), shape, leaf_dtype, tuple(names), loader,
+                       _axes(params[0], len(shape))))
   leaves.extend(_layer_leaves(sources, layout, dtype))
   ignored = {re.compile(pattern): reason for pattern, reason in model.ignored_tensors().items()}
   skipped: dict[str, list[str]] = {}

@@ -8,12 +8,14 @@ from unittest import mock
 import numpy as np
 from absl.testing import absltest, parameterized
 
-from converter import families, loaders, plan
+from converter import families, loaders, ops, plan
+from converter.errors import ConversionError
 from converter.model_config import load_model_config
 from converter.options import PlanOptions
 from converter.sources import open_source
 from handlers import LazyTensor, block_indices
 from tools import tiny_models
+from tools.checkpoint_io import read_safetensors_dir
 from tools.make_tiny_checkpoint import TINY_QWEN3_CONFIG, tiny_qwen3_tensors
 from tools.safetensors_writer import write_safetensors
 
@@ -54,7 +56,7 @@ class PlanLoadersTest(parameterized.TestCase):
     self.assertLess(block_shapes["token_embedder/embedding"][0], 300)  # Rows in slabs, vocab padded to 300.
     self.assertLess(block_shapes["decoder/logits_dense/kernel"][1], 300)
 
-  @parameterized.parameters("llama3.1", "deepseek3", "gpt_oss", "llama4_128e")
+  @parameterized.parameters("llama3.1", "deepseek3", "gpt_oss", "llama4_128e", "deepseek4")
   def test_slabs_reassemble_every_leaf_of_every_kind(self, model):
     # Heads of q/k/v kernels (with the llama3.1 permutation and the baked query scale), the last axis of output
     # kernels, latent-attention kernels, one expert's rows of a fused gate/up split interleaved or in halves.
@@ -69,6 +71,41 @@ class PlanLoadersTest(parameterized.TestCase):
         slabbed += block != leaf.shape
         self.assertEqual(assembled.tobytes(), leaf.loader().tobytes(), leaf.name)
     self.assertGreater(slabbed, len(the_plan.leaves) // 2)
+
+  def test_float32_tensors_a_family_keeps_are_not_rounded_to_the_save_dtype(self):
+    # DeepSeek V4's mixers, sinks, position biases and gate bias keep the float32 they are stored in; every other
+    # leaf is bfloat16, and a checkpoint that stores them in bfloat16 gets bfloat16 leaves.
+    kept = ("_alpha", "_beta", "_alpha_scale", "/sinks", "/position_bias", "/gate/bias", "/hc_head/")
+    for stored in ("float32", "bfloat16"):
+      model_dir = tiny_models.build_tiny_model("deepseek4", tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR")),
+                                               dtype=stored)
+      config = load_model_config(model_dir)
+      the_plan = plan.build_plan(open_source(model_dir, config.raw, config.path), families.resolve(config),
+                                 PlanOptions(scan_layers=True, save_dtype="bfloat16"))
+      dtypes = {leaf.name: leaf.dtype.name for leaf in the_plan.leaves}
+      float32 = sorted(name for name, dtype in dtypes.items() if dtype == "float32")
+      expected = sorted(name for name in dtypes if stored == "float32" and any(k in name for k in kept))
+      self.assertEqual(float32, expected)
+      self.assertGreater(len(dtypes), len(float32))
+      if stored == "float32":
+        self.assertTrue(any(name.endswith("/sinks") for name in float32))
+        sinks = next(leaf for leaf in the_plan.leaves if leaf.name.endswith("layers_0/self_attention/sinks"))
+        stored_sinks = read_safetensors_dir(model_dir)["layers.0.attn.attn_sink"]
+        np.testing.assert_array_equal(sinks.loader(), stored_sinks)  # Not rounded on the way.
+
+  def test_integer_ids_a_save_dtype_cannot_hold_are_refused(self):
+    # DeepSeek V4's hash table (I64 on disk) is read as floats; a save dtype that rounds some id is refused.
+    model_dir = tiny_models.build_tiny_model("deepseek4", tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR")))
+    config = load_model_config(model_dir)
+    build = lambda dtype: plan.build_plan(open_source(model_dir, config.raw, config.path),  # pylint: disable=g-long-lambda
+                                          families.resolve(config), PlanOptions(scan_layers=False, save_dtype=dtype))
+    table = next(leaf for leaf in build("bfloat16").leaves if leaf.name == "decoder/layers_0/mlp/MoeBlock_0/tid2eid")
+    np.testing.assert_array_equal(table.loader().astype(np.int64), read_safetensors_dir(model_dir)[
+        "layers.0.ffn.gate.tid2eid"])
+    with mock.patch.object(ops.IntegerIds, "exact_in", return_value=False):
+      with self.assertRaisesRegex(ConversionError, r"tensor 'layers.0.ffn.gate.tid2eid' holds ids up to 7, which"
+                                  r" --save_dtype=bfloat16 cannot all represent exactly"):
+        build("bfloat16")
 
   def test_padded_vocab_rows_are_zero(self):
     with mock.patch.object(loaders, "ROW_BLOCK_BYTES", 2048):

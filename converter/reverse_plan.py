@@ -25,7 +25,7 @@ from converter.output.record import ConversionRecord
 from converter.errors import ConversionError
 from converter.families import Family, LayerGroup, Param
 from converter.model_config import ModelConfig, parse_model_config
-from converter.ops import Op, Slot, inverse_ops, is_exact, output_shape
+from converter.ops import IntegerIds, Op, Slot, inverse_ops, is_exact, output_shape
 from converter.loaders import ROW_BLOCK_BYTES, row_slabs, slab_ops
 from converter.safetensors_output import TensorSpec
 from converter.sources import SAFETENSORS_DTYPES
@@ -84,6 +84,9 @@ class ReversePlan:
   dtype: np.dtype
   tensors: tuple[HfTensor, ...]
   warnings: tuple[str, ...]
+  # Leaves no HF tensor is made from, and the value every element must hold (Param.constant): a MaxText run that
+  # trained them away from it made a model HF cannot express (convert_to_huggingface refuses it).
+  constants: tuple[tuple[tuple[str, ...], float], ...] = ()
 
   @property
   def total_bytes(self) -> int:
@@ -108,7 +111,7 @@ def items_path_of(checkpoint_path: str) -> str:
   return path
 
 
-def _hf_config(items_path: str, record: ConversionRecord, hf_config_path: str | None) -> tuple[dict[str, Any], str]:
+def hf_config_of(items_path: str, record: ConversionRecord, hf_config_path: str | None) -> tuple[dict[str, Any], str]:
   """The original config.json dict and where it came from."""
   if hf_config_path:
     path = hf_config_path
@@ -132,7 +135,7 @@ def _hf_config(items_path: str, record: ConversionRecord, hf_config_path: str | 
   return dict(config), source
 
 
-def _leaf_index(param: Param, expert: int | None, position: tuple[int, ...]) -> tuple[Any, ...]:
+def leaf_index(param: Param, expert: int | None, position: tuple[int, ...]) -> tuple[Any, ...]:
   """Index of one HF tensor's slice in the leaf: the expert on axis 0, the layer's position on the stacking axes
   (none unstacked; (layer,) or (block, layer in block)) from the param's scan axis."""
   index: list[Any] = [expert] if expert is not None else []
@@ -222,7 +225,7 @@ def plan_to_huggingface(
   """Everything checkable without reading weights: family, config, every leaf present with the right shape."""
   items_path = items_path_of(checkpoint_path)
   record = ConversionRecord.read(items_path)
-  hf_config, source = _hf_config(items_path, record, hf_config_path)
+  hf_config, source = hf_config_of(items_path, record, hf_config_path)
   config = parse_model_config(hf_config, source)
   warnings: list[str] = []
   if family and record.family and record.family != family:
@@ -260,6 +263,7 @@ def plan_to_huggingface(
     )
   layout = model.layout(target_vocab, scan_layers)
   used: set[tuple[str, ...]] = set()
+  constants: list[tuple[tuple[str, ...], float]] = []
   builder = _Builder()
   scanned = "scanned" if scan_layers else "unscanned"
 
@@ -281,6 +285,10 @@ def plan_to_huggingface(
     return array
 
   def add(param: Param, keys: tuple[str, ...], group: LayerGroup | None) -> None:
+    if param.constant is not None:
+      leaf(keys, _leaf_shape(tuple(param.hf_shape), param, group.stacking if group and group.stacked else ()))
+      constants.append((PARAMS + keys, param.constant))
+      return
     try:
       per_tensor = output_shape(param.ops, param.part_shape)
       ops = inverse_ops(param.ops, param.part_shape)
@@ -291,13 +299,15 @@ def plan_to_huggingface(
       ops = (param.leaf_slot,) + ops  # First its slot of the shared leaf, then the inverse of its ops.
     stacking = group.stacking if group is not None and group.stacked else ()
     array = leaf(keys, _leaf_shape(per_tensor, param, stacking))
+    ids = param.ops[0] if param.ops and isinstance(param.ops[0], IntegerIds) else None
+    dtype = np.dtype(ids.hf_dtype) if ids is not None else array.dtype
 
     def add_tensor(name: str, index: tuple[Any, ...], piece: int) -> None:
       slab_parts = _row_slab_parts(param, PARAMS + keys, index, per_tensor, len(stacking), array.dtype.itemsize)
       if slab_parts is None:
-        builder.add(name, param, piece, HfPart(PARAMS + keys, index, ops, split), array.dtype)
+        builder.add(name, param, piece, HfPart(PARAMS + keys, index, ops, split), dtype)
       for k, part in enumerate(slab_parts or ()):
-        builder.add(name, param, k, part, array.dtype, in_pieces=True)
+        builder.add(name, param, k, part, dtype, in_pieces=True)
 
     if group is None:
       if param.experts:
@@ -308,7 +318,7 @@ def plan_to_huggingface(
     for expert in range(param.experts) if param.experts else [None]:
       for position, layer in group.positions():
         name = param.hf.format(layer=param.hf_layer(layer), expert=expert)
-        add_tensor(name, _leaf_index(param, expert, position if group.stacked else ()),
+        add_tensor(name, leaf_index(param, expert, position if group.stacked else ()),
                    expert if param.experts_in_tensor else 0)
 
   for param in layout.top:
@@ -326,7 +336,7 @@ def plan_to_huggingface(
         f"{items_path}: {len(unused)} leaf/leaves under params/params that {fam.name} ({target}, {scanned}) with"
         f" {source} does not use: {shown}"
     )
-  dtypes = sorted({t.dtype for t in tensors}, key=lambda d: d.itemsize)
+  dtypes = sorted({t.dtype for t in tensors if t.dtype.kind in "fV"}, key=lambda d: d.itemsize)
   if len(dtypes) > 1:
     warnings.append(f"leaves have mixed dtypes ({', '.join(d.name for d in dtypes)}); each tensor keeps its own")
   if target_vocab > config.vocab_size:
@@ -343,4 +353,4 @@ def plan_to_huggingface(
     warnings.append(f"the original checkpoint was {record.quant_method}-quantized; its weights come back"
                     f" dequantized ({dtypes[-1].name}) and config.json without quantization_config")
   return ReversePlan(items_path, fam, config, hf_config, target, scan_layers, dtypes[-1], tuple(tensors),
-                     tuple(warnings))
+                     tuple(warnings), tuple(constants))

@@ -31,6 +31,7 @@ import numpy as np
 from absl import logging
 
 from converter import storage
+from converter.errors import ConversionError
 from converter.options import ReverseOptions, RunContext
 from converter.output.huggingface import HuggingFaceOutput
 from handlers import Processes, shares
@@ -56,15 +57,19 @@ class ToHuggingFaceResult:
     return len(self.plan.tensors)
 
 
+QUANTIZATION_KEYS = ("quantization_config", "expert_dtype")
+
+
 def written_config(plan: ReversePlan) -> dict[str, Any]:
   """The original config.json with its dtype set to the dtype the tensors are written in, and no
-  quantization_config: whatever the original stored quantized comes back dequantized."""
-  config = {k: v for k, v in plan.hf_config.items() if k != "quantization_config"}
+  quantization_config (nor DeepSeek V4's top-level `expert_dtype`, part of it): whatever the original stored
+  quantized comes back dequantized."""
+  config = {k: v for k, v in plan.hf_config.items() if k not in QUANTIZATION_KEYS}
   config["dtype"] = plan.dtype.name  # transformers 5 reads `dtype`, transformers 4 `torch_dtype`.
   config["torch_dtype"] = plan.dtype.name
   text = config.get("text_config")
   if isinstance(text, dict):
-    text = {k: v for k, v in text.items() if k != "quantization_config"}
+    text = {k: v for k, v in text.items() if k not in QUANTIZATION_KEYS}
     config["text_config"] = {**text, **{k: plan.dtype.name for k in ("dtype", "torch_dtype") if k in text}}
   return config
 
@@ -206,6 +211,20 @@ def _write_shards(reader: CheckpointReader, directory: str, shards: list[list[Hf
   return [name for name, _ in mine]
 
 
+def check_constants(plan: ReversePlan, reader: CheckpointReader, cache_bytes: int) -> None:
+  """Refuses a checkpoint whose leaves without an HF tensor (ReversePlan.constants) left their fixed value: HF
+  computes with that value, so dropping what MaxText learned there would silently change the model."""
+  for keys, value in plan.constants:
+    array = reader.arrays[keys]
+    stored = reader.open(array, (), cache_bytes).read(())
+    if not np.all(stored == value):
+      raise ConversionError(
+          f"{plan.items_path}: leaf {'/'.join(keys)} is not {value:g} everywhere (max|leaf - {value:g}| ="
+          f" {float(np.max(np.abs(stored.astype(np.float64) - value))):.3g}); {plan.config.architecture} has no"
+          " tensor for it (it computes with the fixed value), so the checkpoint cannot be written back without"
+          " changing the model")
+
+
 def convert_to_huggingface(checkpoint_path: str, output_dir: str, options: ReverseOptions = ReverseOptions(),
                            run: RunContext = RunContext()) -> ToHuggingFaceResult:
   """Writes `checkpoint_path` (OUT/0/items) as an HF checkpoint directory `output_dir`; see the module docstring.
@@ -222,6 +241,7 @@ def convert_to_huggingface(checkpoint_path: str, output_dir: str, options: Rever
                              target_model=options.target_model, reader=reader)
   for warning in plan.warnings:
     logging.warning("%s", warning)
+  check_constants(plan, reader, options.read_cache_bytes)
   tensors = in_chunk_order(plan.tensors, reader)
   shards = [[tensors[i] for i in shard] for shard in assign_shards([t.spec for t in tensors], limit)]
   names = shard_names(len(shards))

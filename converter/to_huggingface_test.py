@@ -130,5 +130,36 @@ class ChunkOrderTest(absltest.TestCase):
     self.assertEqual([t.pieces[0][0].leaf for t in ordered], [self.WO] * 30 + [self.WI] * 30)
 
 
+class _ConstantReader:
+  """A checkpoint holding one leaf, `value`."""
+
+  def __init__(self, keys: tuple[str, ...], value: np.ndarray):
+    self.arrays = {keys: StoredArray(keys, ".".join(keys), value.shape, value.dtype)}
+    self._value = value
+
+  def open(self, array, index, cache_limit):
+    del array, index, cache_limit
+    return mock.Mock(read=lambda index: self._value)
+
+
+class ConstantsTest(absltest.TestCase):
+  NORM = ("params", "params", "decoder", "layers_0", "mhc_attention", "mhc_norm", "scale")
+
+  def check(self, value: np.ndarray) -> None:
+    plan = mock.Mock(constants=((self.NORM, 1.0),), items_path="OUT/0/items",
+                     config=mock.Mock(architecture="DeepseekV4ForCausalLM"))
+    to_huggingface.check_constants(plan, _ConstantReader(self.NORM, value), 1 << 20)
+
+  def test_a_leaf_at_its_fixed_value_passes(self):
+    self.check(np.ones((768,), np.float32))
+
+  def test_a_leaf_trained_away_from_its_fixed_value_is_refused(self):
+    value = np.ones((768,), np.float32)
+    value[5] = 1.25
+    with self.assertRaisesRegex(ConversionError, r"mhc_norm/scale is not 1 everywhere \(max\|leaf - 1\| = 0\.25\);"
+                                r" DeepseekV4ForCausalLM has no tensor for it"):
+      self.check(value)
+
+
 if __name__ == "__main__":
   absltest.main()

@@ -40,9 +40,14 @@ def tiny_model(name: str) -> tuple[str, np.ndarray]:
   if name not in _models:
     model_dir = tiny_models.build_tiny_model(name, harness.scratch_dir(f"{name}-hf-"))
     config = validate_lib.load_model_config(model_dir)
-    ids = validate_lib.token_ids(config.vocab_size, 2, 32, 0)
+    ids = validate_lib.token_ids(config.vocab_size, 2, _seq_len(name), 0)
     _models[name] = (model_dir, validate_lib.reference_logits(model_dir, ids))
   return _models[name]
+
+
+def _seq_len(name: str) -> int:
+  """Tokens per sequence: the row's own (DeepSeek V4: long enough for its ratio-128 compressor), else 32."""
+  return tiny_models.TINY_MODELS[name].seq_len or 32
 
 
 def load_hf(model_dir: str) -> dict[str, np.ndarray]:
@@ -81,7 +86,7 @@ class FamiliesTest(parameterized.TestCase):
                     *tiny_models.TINY_MODELS[model].converter_flags)
     record = ConversionRecord.read(items)
     self.assertEqual((record.family, record.target_model), (family, target))
-    report = validate_lib.validate(model_dir, items, reference=reference)
+    report = validate_lib.validate(model_dir, items, reference=reference, seq_len=_seq_len(model))
     self.assertEqual(report.failures(THRESHOLDS), [], report)
 
   def test_wrong_target_is_caught_by_validator(self):
@@ -313,6 +318,57 @@ class FamiliesTest(parameterized.TestCase):
     self.assertEqual(checkpoint_io.trees_bit_identical(checkpoint_io.restore_v0(os.path.join(out, "0", "items")),
                                                        checkpoint_io.restore_v0(direct)), [])
 
+  def test_deepseek4_every_leaf_is_the_maps_value(self):
+    model_dir, _ = tiny_model("deepseek4")
+    hf = load_hf(model_dir)
+    with open(os.path.join(model_dir, "config.json")) as f:
+      config = json.load(f)
+    self.assertEqual(hf["layers.0.ffn.gate.tid2eid"].dtype, np.int64)
+    for scan, leaves in ((False, 310), (True, 220)):
+      items = convert(model_dir, "--simulated_cpu_devices_count=1", f"--scan_layers={scan}")
+      stored = checkpoint_io.flatten(checkpoint_io.restore_v0(items)["params"]["params"])
+      expected = {"".join(f"[{k!r}]" for k in path): value
+                  for path, value in deepseek4_expected_leaves(hf, config, scan).items()}
+      self.assertLen(expected, leaves)
+      self.assertEqual(sorted(stored), sorted(expected))
+      for path, value in expected.items():
+        self.assertEqual(stored[path].dtype, np.float32, path)
+        np.testing.assert_array_equal(stored[path], value, err_msg=path)
+
+  def test_deepseek4_saved_names_and_transformers_config_convert_alike(self):
+    # transformers' save_pretrained writes its own names (the hub's under `model.`, but for four) and config keys.
+    import torch  # pylint: disable=g-import-not-at-top
+    import transformers  # pylint: disable=g-import-not-at-top
+
+    model_dir, _ = tiny_model("deepseek4")
+    saved = harness.scratch_dir("deepseek4-saved-")
+    transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).save_pretrained(saved)
+    names = load_hf(saved)
+    self.assertIn("model.layers.3.attn.norm.weight", names)
+    self.assertIn("model.hc_head.hc_fn", names)
+    with open(os.path.join(saved, "config.json")) as f:
+      self.assertIn("layer_types", json.load(f))
+    hub = checkpoint_io.restore_v0(convert(model_dir, "--simulated_cpu_devices_count=1", "--scan_layers=true"))
+    items = convert(saved, "--simulated_cpu_devices_count=1", "--scan_layers=true")
+    self.assertEqual(checkpoint_io.trees_bit_identical(checkpoint_io.restore_v0(items), hub), [])
+
+  def test_deepseek4_mtp_block_is_skipped(self):
+    model_dir, _ = tiny_model("deepseek4")
+    hf = load_hf(model_dir)
+    with_mtp = {**hf, **{"mtp.0." + n[len("layers.6."):]: v for n, v in hf.items() if n.startswith("layers.6.")},
+                "mtp.0.e_proj.weight": np.zeros((256, 256), np.float32)}
+    with open(os.path.join(model_dir, "config.json")) as f:
+      config = json.load(f)
+    path = copy_model(model_dir, with_mtp, num_nextn_predict_layers=1,
+                      compress_ratios=config["compress_ratios"] + [0])  # The hub lists the MTP block's ratio too.
+    out = harness.scratch_dir("mt-")
+    result = harness.run_converter(f"--hf_model_path={path}", f"--output_dir={out}", "--save_dtype=float32",
+                                   "--simulated_cpu_devices_count=1", "--scan_layers=false")
+    self.assertIn("multi-token-prediction", result.stdout)
+    plain = checkpoint_io.restore_v0(convert(model_dir, "--simulated_cpu_devices_count=1", "--scan_layers=false"))
+    self.assertEqual(checkpoint_io.trees_bit_identical(checkpoint_io.restore_v0(os.path.join(out, "0", "items")),
+                                                       plain), [])
+
   def test_qwen3_vl_moe_hub_and_saved_expert_layouts_convert_alike(self):
     # transformers 5.24 writes the fused experts (X, 2M, E) / (X, E, M); the hub stores (X, E, 2M) / (X, M, E),
     # already (in, out). One name, two axis orders, told apart by shape: the same checkpoint either way.
@@ -461,6 +517,70 @@ class FamiliesTest(parameterized.TestCase):
                                                        checkpoint_io.restore_v0(direct)), [])
 
 
+def deepseek4_expected_leaves(hf: dict[str, np.ndarray], config: dict, scan: bool) -> dict[tuple[str, ...], np.ndarray]:
+  """Every leaf of a DeepSeek V4 conversion, made from the hub tensors by the contract's map
+  (maxtext-contract-deepseek4-lora.md), in numpy and independently of converter/families/deepseek4.py."""
+  E, H, D, N = config["hidden_size"], config["num_attention_heads"], config["head_dim"], config["hc_mult"]
+  G, o_lora, q_lora, K = config["o_groups"], config["o_lora_rank"], config["q_lora_rank"], config["num_hash_layers"]
+  ratios = config["compress_ratios"]
+
+  def layer(i: int) -> dict[str, np.ndarray]:
+    t = lambda name: hf[f"layers.{i}.{name}"]  # pylint: disable=unnecessary-lambda-assignment
+    out = {"pre_self_attention_layer_norm/scale": t("attn_norm.weight"),
+           "post_self_attention_layer_norm/scale": t("ffn_norm.weight")}
+    for mixer, name in (("mhc_attention", "hc_attn"), ("mhc_mlp", "hc_ffn")):
+      fn, base, scale = t(f"{name}_fn"), t(f"{name}_base"), t(f"{name}_scale")
+      out.update({f"{mixer}/mhc_norm/scale": np.ones(N * E, np.float32),
+                  f"{mixer}/pre_alpha": fn[:N].T, f"{mixer}/post_alpha": fn[N:2 * N].T, f"{mixer}/res_alpha": fn[2 * N:].T,
+                  f"{mixer}/pre_beta": base[:N], f"{mixer}/post_beta": base[N:2 * N],
+                  f"{mixer}/res_beta": base[2 * N:].reshape(N, N), f"{mixer}/pre_alpha_scale": scale[0:1],
+                  f"{mixer}/post_alpha_scale": scale[1:2], f"{mixer}/res_alpha_scale": scale[2:3]})
+    a = "self_attention"
+    out.update({f"{a}/wq_a/kernel": t("attn.wq_a.weight").T, f"{a}/q_norm/scale": t("attn.q_norm.weight"),
+                f"{a}/wq_b/kernel": t("attn.wq_b.weight").T.reshape(q_lora, H, D),
+                f"{a}/wkv/kernel": t("attn.wkv.weight").T.reshape(E, 1, D), f"{a}/kv_norm/scale": t("attn.kv_norm.weight"),
+                f"{a}/sinks": t("attn.attn_sink"),
+                f"{a}/o_a_proj/kernel": t("attn.wo_a.weight").reshape(G, o_lora, H * D // G).transpose(0, 2, 1),
+                f"{a}/o_b_proj/kernel": t("attn.wo_b.weight").T})
+    compressors = {4: (("csa_compressor", "attn.compressor"), ("csa_compressor/indexer", "attn.indexer.compressor")),
+                   128: (("hca_compressor", "attn.compressor"),), 0: ()}[ratios[i]]
+    for leaf, name in compressors:
+      out.update({f"{a}/{leaf}/kv_proj/kernel": t(f"{name}.wkv.weight").T,
+                  f"{a}/{leaf}/gate_proj/kernel": t(f"{name}.wgate.weight").T,
+                  f"{a}/{leaf}/kv_norm/scale": t(f"{name}.norm.weight"), f"{a}/{leaf}/position_bias": t(f"{name}.ape")})
+    if ratios[i] == 4:
+      out.update({f"{a}/csa_compressor/indexer/q_proj/kernel": t("attn.indexer.wq_b.weight").T,
+                  f"{a}/csa_compressor/indexer/weights_proj/kernel": t("attn.indexer.weights_proj.weight").T})
+    experts = range(config["n_routed_experts"])
+    out.update({"mlp/MoeBlock_0/gate/kernel": t("ffn.gate.weight").T,
+                "mlp/MoeBlock_0/wi_0": np.stack([t(f"ffn.experts.{e}.w1.weight").T for e in experts]),
+                "mlp/MoeBlock_0/wi_1": np.stack([t(f"ffn.experts.{e}.w3.weight").T for e in experts]),
+                "mlp/MoeBlock_0/wo": np.stack([t(f"ffn.experts.{e}.w2.weight").T for e in experts]),
+                "mlp/shared_experts/wi_0/kernel": t("ffn.shared_experts.w1.weight").T,
+                "mlp/shared_experts/wi_1/kernel": t("ffn.shared_experts.w3.weight").T,
+                "mlp/shared_experts/wo/kernel": t("ffn.shared_experts.w2.weight").T})
+    if i < K:
+      out["mlp/MoeBlock_0/tid2eid"] = t("ffn.gate.tid2eid").astype(np.float32)
+    else:
+      out["mlp/MoeBlock_0/gate/bias"] = t("ffn.gate.bias")
+    return out
+
+  leaves = {("token_embedder", "embedding"): hf["embed.weight"], ("decoder", "decoder_norm", "scale"): hf["norm.weight"],
+            ("decoder", "logits_dense", "kernel"): hf["head.weight"].T,
+            ("decoder", "hc_head", "hc_fn"): hf["hc_head_fn"].T, ("decoder", "hc_head", "hc_base"): hf["hc_head_base"],
+            ("decoder", "hc_head", "hc_scale"): hf["hc_head_scale"]}
+  unrolled = K if scan else len(ratios)
+  for i in range(unrolled):
+    leaves.update({("decoder", f"layers_{i}", *k.split("/")): v for k, v in layer(i).items()})
+  if scan:  # Pairs (128, 4) after the hash layers, stacked on axis 1; the gate bias on axis 0.
+    for j in range(2):
+      per_layer = [layer(i) for i in range(K + j, len(ratios), 2)]
+      for k in per_layer[0]:
+        axis = 0 if k.endswith("gate/bias") else 1
+        leaves[("decoder", "scanned_blocks", f"layers_{j}", *k.split("/"))] = np.stack([p[k] for p in per_layer], axis)
+  return leaves
+
+
 # The cases that share a tiny model run in one shard (each model built once): the matrix cells by the model in
 # their name, the family tests by the model they read.
 SHARD_GROUPS = harness.model_group(
@@ -485,7 +605,10 @@ SHARD_GROUPS = harness.model_group(
      "test_gemma4_kv_shared_layers_and_per_layer_inputs": "gemma4_e2b",
      "test_gemma4_small_refuses_scan_layers_at_once": "gemma4_e2b",
      "test_gemma4_kv_tensors_of_shared_layers_are_skipped": "gemma4_e4b",
-     "test_gemma4_conditional_generation_converts_its_text_weights": "gemma4_moe"})
+     "test_gemma4_conditional_generation_converts_its_text_weights": "gemma4_moe",
+     "test_deepseek4_every_leaf_is_the_maps_value": "deepseek4",
+     "test_deepseek4_saved_names_and_transformers_config_convert_alike": "deepseek4",
+     "test_deepseek4_mtp_block_is_skipped": "deepseek4"})
 
 if __name__ == "__main__":
   absltest.main(testLoader=harness.GroupShardingLoader(SHARD_GROUPS))

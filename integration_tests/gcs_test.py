@@ -89,6 +89,21 @@ class GcsTest(parameterized.TestCase):
     self.assertIn("gs://ckpts/" + prefix + "/0/items", result.stdout)
     self.assert_committed_like("ckpts", prefix, self.local[devices])
 
+  def test_lora_adapter_in_a_bucket_equals_local(self):
+    from tools import lora_adapters  # pylint: disable=g-import-not-at-top
+
+    adapter = lora_adapters.write_random_adapter(self.model, harness.scratch_dir("gcs-adapter-"),
+                                                 ("model.layers.0.self_attn.q_proj", "model.layers.1.self_attn.o_proj"))
+    self.gcs.upload_dir(adapter, "models", "tiny-lora")
+    local = os.path.join(harness.scratch_dir("gcs-lora-"), "out")
+    harness.run_converter(f"--hf_model_path={self.model}", f"--output_dir={local}", f"--lora_adapter_path={adapter}",
+                          "--simulated_cpu_devices_count=1", "--noprogress")
+    self.convert(f"--hf_model_path={self.model}", "--lora_adapter_path=gs://models/tiny-lora",
+                 "--output_dir=gs://ckpts/lora", "--simulated_cpu_devices_count=1")
+    self.assert_committed_like("ckpts", "lora", local)
+    record = ConversionRecord.read(os.path.join(self.download("ckpts", "lora"), "0", "items")).lora_adapter
+    self.assertEqual((record["path"], len(record["modules"])), ("gs://models/tiny-lora", 2))
+
   def test_dry_run_reads_the_bucket_and_writes_nothing(self):
     result = self.convert("--hf_model_path=gs://models/tiny", "--output_dir=gs://ckpts/dry",
                           "--simulated_cpu_devices_count=1", "--dry_run")

@@ -75,6 +75,25 @@ class HubTest(absltest.TestCase):
     self.assert_same_as_local(out)
     self.assert_same_as_local(again)
 
+  def test_lora_adapter_from_the_hub(self):
+    """--lora_adapter_path=ORG/NAME fetches the adapter's two files only and merges as a local copy does."""
+    from tools import lora_adapters  # pylint: disable=g-import-not-at-top
+
+    adapter = lora_adapters.write_random_adapter(self.model, harness.scratch_dir("hub-adapter-"),
+                                                 ("model.layers.0.self_attn.q_proj",))
+    with open(os.path.join(adapter, "README.md"), "w") as f:
+      f.write("not fetched")
+    local = self.convert(self.model, f"--lora_adapter_path={adapter}")
+    with hub_stand_in.HubStandIn({"tiny-org/tiny-lora": adapter}) as hub:
+      out = self.convert(self.model, "--lora_adapter_path=tiny-org/tiny-lora",
+                         env={"HF_ENDPOINT": hub.url, "HF_HUB_CACHE": harness.scratch_dir("hub-cache-")})
+      self.assertEqual(sorted(hub.requested), ["adapter_config.json", "adapter_model.safetensors"])
+    merged = checkpoint_io.restore_v0(os.path.join(out, "0", "items"))
+    self.assertEqual(checkpoint_io.trees_bit_identical(merged, checkpoint_io.restore_v0(
+        os.path.join(local, "0", "items"))), [])
+    self.assertNotEqual(checkpoint_io.trees_bit_identical(merged, checkpoint_io.restore_v0(
+        os.path.join(self.reference, "0", "items"))), [])
+
   def test_hub_errors_name_the_repo_and_revision(self):
     cache = harness.scratch_dir("hub-cache-")
     with hub_stand_in.HubStandIn({REPO: self.model}) as hub:

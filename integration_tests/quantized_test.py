@@ -29,6 +29,7 @@ from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
 
 from converter.output.record import ConversionRecord  # pylint: disable=g-import-not-at-top
 from tools import checkpoint_io, quantize, tiny_models, validate_lib  # pylint: disable=g-import-not-at-top
+from tools import synthetic_checkpoint  # pylint: disable=g-import-not-at-top
 from tools.safetensors_writer import write_safetensors  # pylint: disable=g-import-not-at-top
 
 FP8_BLOCK = (48, 40)
@@ -43,7 +44,7 @@ _models: dict[str, tuple[str, str, np.ndarray]] = {}
 def quantized_model(fmt: str) -> tuple[str, str, np.ndarray]:
   """(quantized checkpoint, its numpy dequantization in float32, transformers' logits on the latter)."""
   if fmt not in _models:
-    if fmt == "qwen3_5_fp8":  # Shipped as FP8 by its row.
+    if fmt in tiny_models.TINY_MODELS:  # Shipped quantized by its row (qwen3_5_fp8, deepseek4_fp8).
       quantized = tiny_models.build_tiny_model(fmt, harness.scratch_dir(f"{fmt}-"))
     else:
       base = tiny_models.build_tiny_model("deepseek3" if fmt == "fp8" else "gpt_oss",
@@ -107,7 +108,7 @@ class QuantizedTest(parameterized.TestCase):
       self.assertIn(f"{fmt} weights dequantized while streaming", result.stdout)
       self.assertFalse(os.path.exists(out))
 
-  @parameterized.parameters(("fp8",), ("mxfp4",), ("qwen3_5_fp8", "--keep_fp8"))
+  @parameterized.parameters(("fp8",), ("mxfp4",), ("qwen3_5_fp8", "--keep_fp8"), ("deepseek4_fp8",))
   def test_back_to_huggingface_gives_the_dequantized_weights(self, fmt, *flags):
     quantized, reference_dir, _ = quantized_model(fmt)
     items = convert(quantized, "--save_dtype=bfloat16", "--simulated_cpu_devices_count=1", *flags)
@@ -120,7 +121,9 @@ class QuantizedTest(parameterized.TestCase):
     for name, value in expected.items():
       self.assertEqual(tensors[name].tobytes(), value.astype(tensors[name].dtype).tobytes(), name)
     with open(os.path.join(back, "config.json")) as f:
-      self.assertNotIn("quantization_config", json.load(f))
+      written = json.load(f)
+    self.assertNotIn("quantization_config", written)
+    self.assertNotIn("expert_dtype", written)  # DeepSeek V4's, part of its quantization.
 
 
 class NativeFp8Test(parameterized.TestCase):
@@ -245,9 +248,102 @@ class QuantizedBadInputTest(absltest.TestCase):
     name = "model.layers.2.mlp.experts.down_proj"
     self.assert_refused(self.variant("mxfp4", drop=name + "_scales"), name + "_blocks", "_scales")
 
+  def test_deepseek4_packed_expert_without_its_scale(self):
+    name = "layers.4.ffn.experts.5.w3"
+    self.assert_refused(self.variant("deepseek4_fp8", drop=name + ".scale"), f"{name}.weight", "I8", f"{name}.scale")
+
+  def test_deepseek4_packed_experts_without_expert_dtype(self):
+    path = self.variant("deepseek4_fp8", config_change=lambda c: c.pop("expert_dtype"))
+    self.assert_refused(path, ".scale' is a block scale", "has dtype I8", "expert_dtype: fp4")
+
   def test_fp8_weight_in_a_checkpoint_without_quantization_config(self):
     path = self.variant("fp8", config_change=lambda c: c.pop("quantization_config"))
     self.assert_refused(path, "F8_E4M3", "only floating-point weights", "quantization_config")
+
+
+class Deepseek4QuantizedTest(parameterized.TestCase):
+  """DeepSeek V4 as the hub ships it (tools/tiny_models.py `deepseek4_fp8`: FP8 with F8_E8M0 `.scale` grids in 48x40
+  blocks, routed experts packed FP4, mixers, sinks, `ape` and the routing bias in F32); its logits at devices
+  {1, 16} x scan {on, off} are in families_test, through MaxText in the interop step."""
+
+  @parameterized.parameters("float32", "bfloat16")
+  def test_deepseek4_leaves_equal_the_numpy_dequantization(self, save_dtype):
+    quantized, reference_dir, _ = quantized_model("deepseek4_fp8")
+    flags = (f"--save_dtype={save_dtype}", "--simulated_cpu_devices_count=1")
+    ours = checkpoint_io.restore_v0(convert(quantized, *flags))
+    expected = checkpoint_io.restore_v0(convert(reference_dir, *flags))
+    self.assertEqual(checkpoint_io.trees_bit_identical(ours, expected), [])
+
+  def test_f32_tensors_stay_f32_and_packed_experts_unpack_in_place(self):
+    # The bfloat16 conversion above (the default), read leaf by leaf against the stored tensors: the hub's F32
+    # tensors are not bfloat16 numbers and stay float32 (MaxText's dequantizer rounds them, 1.51 in the logits);
+    # FP4 and FP8 dequantize to bfloat16 numbers, exactly; FP4 is (out, in) once unpacked.
+    quantized, _, _ = quantized_model("deepseek4_fp8")
+    stored = quantize.load_tensors(quantized)
+    decoder = checkpoint_io.restore_v0(convert(quantized, "--save_dtype=bfloat16", "--simulated_cpu_devices_count=1"))[
+        "params"]["params"]["decoder"]
+    layer = decoder["layers_2"]  # A hash-routed CSA layer: unrolled in the scanned tree too.
+    fn = stored["layers.2.hc_attn_fn"]
+    self.assertEqual(fn.dtype, np.float32)
+    self.assertFalse(np.array_equal(fn, fn.astype(ml_dtypes.bfloat16).astype(np.float32)))
+    for leaf, value in ((layer["mhc_attention"]["res_alpha"], fn[6:].T),
+                        (layer["self_attention"]["sinks"], stored["layers.2.attn.attn_sink"]),
+                        (layer["self_attention"]["csa_compressor"]["position_bias"],
+                         stored["layers.2.attn.compressor.ape"]),
+                        (decoder["scanned_blocks"]["layers_0"]["mlp"]["MoeBlock_0"]["gate"]["bias"][0],
+                         stored["layers.3.ffn.gate.bias"])):
+      self.assertEqual(leaf.dtype, np.float32)
+      np.testing.assert_array_equal(leaf, value)
+    for e in (0, 7):
+      expert = f"layers.2.ffn.experts.{e}"
+      for leaf, proj in (("wi_0", "w1"), ("wo", "w2")):
+        self.assertEqual(stored[f"{expert}.{proj}.weight"].dtype, np.int8)
+        self.assertEqual(layer["mlp"]["MoeBlock_0"][leaf].dtype, ml_dtypes.bfloat16)
+        np.testing.assert_array_equal(layer["mlp"]["MoeBlock_0"][leaf][e].astype(np.float32), quantize.fp4_dequantize(
+            stored[f"{expert}.{proj}.weight"], stored[f"{expert}.{proj}.scale"]).T)
+    wq_a = quantize.fp8_dequantize(stored["layers.2.attn.wq_a.weight"], stored["layers.2.attn.wq_a.scale"], (48, 40))
+    np.testing.assert_array_equal(layer["self_attention"]["wq_a"]["kernel"].astype(np.float32),
+                                  wq_a.T)  # 48 x 256: 7 blocks, 1 partial.
+
+  def test_base_checkpoints_ship_fp8_experts(self):
+    base = tiny_models.build_tiny_model("deepseek4", harness.scratch_dir("deepseek4-hf-"))
+    quantized = quantize.quantize_deepseek4(base, harness.scratch_dir("deepseek4-base-"), (48, 40),
+                                            expert_dtype="fp8")
+    stored = quantize.load_tensors(quantized)
+    self.assertEqual(stored["layers.5.ffn.experts.3.w2.weight"].dtype, ml_dtypes.float8_e4m3fn)
+    experts = checkpoint_io.restore_v0(convert(quantized, "--save_dtype=float32", "--simulated_cpu_devices_count=1",
+                                               "--scan_layers=false"))["params"]["params"]["decoder"]["layers_5"][
+                                                   "mlp"]["MoeBlock_0"]
+    for leaf, proj in (("wi_1", "w3"), ("wo", "w2")):
+      name = f"layers.5.ffn.experts.3.{proj}"
+      np.testing.assert_array_equal(experts[leaf][3], quantize.fp8_dequantize(
+          stored[name + ".weight"], stored[name + ".scale"], (48, 40)).T)
+
+  def test_dry_run_names_the_formats_and_keep_fp8_is_refused(self):
+    quantized, _, _ = quantized_model("deepseek4_fp8")
+    out = os.path.join(harness.scratch_dir("dry-"), "out")
+    result = harness.run_converter(f"--hf_model_path={quantized}", f"--output_dir={out}", "--dry_run")
+    for expected in ("F8_E4M3 x F8_E8M0 scales, 48x40 blocks", "FP4 e2m1 (I8 pairs x F8_E8M0 scales per 32)",
+                     "fp8 weights dequantized while streaming"):
+      self.assertIn(expected, result.stdout)
+    self.assertFalse(os.path.exists(out))
+    harness.assert_refused(self, quantized, "--keep_fp8", "MaxText has no fp8 model for deepseek4",
+                           flags=("--keep_fp8",))
+
+  def test_full_size_flash_plans_from_its_headers_alone(self):
+    # DeepSeek-V4-Flash at full size (43 layers + the MTP block, 256 FP4 experts a layer: 160 GB) written sparse:
+    # every pair's dtypes and shapes checked and the scanned tree planned without reading a weight.
+    model_dir = harness.scratch_dir("deepseek4-flash-")
+    config = synthetic_checkpoint.deepseek4_config()
+    synthetic_checkpoint.write_checkpoint(model_dir, config, list(synthetic_checkpoint.deepseek4_shapes(config)),
+                                          sparse=True)
+    out = os.path.join(harness.scratch_dir("dry-"), "out")
+    result = harness.run_converter(f"--hf_model_path={model_dir}", f"--output_dir={out}", "--dry_run")
+    for expected in ("-> MaxText deepseek4-284b, scanned", "leaves:            220",
+                     "365 F8_E4M3 x F8_E8M0 scales, 128x128 blocks",  # 43 x (5 attention + 3 shared) + 21 indexers.
+                     "33024 FP4 e2m1 (I8 pairs x F8_E8M0 scales per 32)"):  # 43 layers x 256 experts x 3.
+      self.assertIn(expected, result.stdout)
+    self.assertIn("skipped 797 tensor(s) (mtp.0.", result.stdout + result.stderr)
 
 
 # The cases that share a quantized model run in one shard (each built, dequantized and run through transformers
@@ -259,6 +355,13 @@ SHARD_GROUPS = harness.model_group(
      **{f"test_back_to_huggingface_gives_the_dequantized_weights{i}": fmt for i, fmt in enumerate(FORMATS)},
      "test_fp8_blocks_are_taken_from_the_config_not_the_shapes": "fp8",
      "test_dry_run_shows_each_source_format": "fp8",  # fp8 and mxfp4: one shard holds both (8 + 7 cases).
+     **{name: "deepseek4_fp8" for name in (
+         "test_deepseek4_leaves_equal_the_numpy_dequantization0",
+         "test_deepseek4_leaves_equal_the_numpy_dequantization1",
+         "test_f32_tensors_stay_f32_and_packed_experts_unpack_in_place", "test_base_checkpoints_ship_fp8_experts",
+         "test_dry_run_names_the_formats_and_keep_fp8_is_refused", "test_deepseek4_packed_expert_without_its_scale",
+         "test_back_to_huggingface_gives_the_dequantized_weights3",
+         "test_deepseek4_packed_experts_without_expert_dtype")},
      **{name: "qwen3_5_fp8" for name in ("test_dry_run_shows_kept_fp8_leaves", "test_refused_with_the_reason",
                                          "test_maxtext_dequantization_is_the_dequantized_conversion0",
                                          "test_maxtext_dequantization_is_the_dequantized_conversion1",

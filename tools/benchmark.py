@@ -3,10 +3,12 @@
   bazel run //tools:benchmark -- --family=qwen3_moe --size_gb=8 --devices=1,16 --runs=3
   bazel run //tools:benchmark -- --family=deepseek3_fp8 --size_gb=6 --devices=1 --runs=3
   bazel run //tools:benchmark -- --family=qwen3_5_fp8 --size_gb=4 --devices=1 --runs=3
+  bazel run //tools:benchmark -- --family=deepseek4_fp4 --full_size_dry_run --devices=1 --runs=3
 
 Writes a synthetic HF checkpoint of the family and size (numpy, random gaussian values; FP8 with block scales for
 deepseek3_fp8), then for each device count runs the real converter binary in a child process `--runs` times,
-sampling the RSS of the whole process tree. The floor, measured in the same run, is reading every input byte and
+sampling the RSS of the whole process tree, beside the peak `--dry_run` predicted for the same command (what a
+user sizes a host from). The floor, measured in the same run, is reading every input byte and
 writing as many bytes as the conversion writes (the checkpoint's bytes; twice the input's for FP8, which becomes
 bfloat16), with fsync: no converter can beat it on this disk. Prints medians and the ratios to the floor.
 
@@ -14,6 +16,10 @@ For a quantized input it also times, in the same run, the route MaxText offers: 
 dequantized bfloat16 copy (tools/dequantize_checkpoint.py), then the conversion of that copy, which is also the
 bfloat16 baseline for peak memory. Where MaxText has a native fp8 model of the family (qwen3_5_fp8), it also
 times `--keep_fp8`, against its own floor: the output is then about as large as the input.
+
+`--full_size_dry_run` instead writes the family's real model at full size (DeepSeek-V4-Flash, 160 GB) as a sparse
+checkpoint (headers, and holes where the data goes) and times `--dry_run` on it: the plan and every check a
+conversion makes before it reads a weight, from the headers alone.
 
 Each completed run also adds a section to a Markdown results page (`--results_page`, by default
 docs/benchmark-results.md in the repository), headed by its date, the machine and the exact command, with the
@@ -58,10 +64,14 @@ flags.DEFINE_float("memory_limit_gib", None, "Run each conversion in a memory cg
                    " included): a model larger than the memory it may use, on a machine whose disk cannot hold one"
                    " larger than its RAM. Needs root and a cgroup v1 or v2 memory controller.")
 
+flags.DEFINE_boolean("full_size_dry_run", False, "Instead of converting a --size_gb checkpoint: the family's real"
+                     " model at full size (synthetic_checkpoint.FULL_SIZE), written sparse, through --dry_run alone.")
 flags.DEFINE_boolean("reverse", True, "Also convert each output back to HuggingFace, against its own floors:"
                      " reading the checkpoint + writing the safetensors, and zstd decompression.")
 flags.DEFINE_integer("shard_mb", 4096, "Largest safetensors shard of the synthetic checkpoint, in MiB (one tensor"
                      " larger than it gets a shard of its own).")
+flags.DEFINE_integer("lora_rank", 0, "Also convert with a LoRA adapter of this rank merged (every attention and MLP"
+                     " projection but routed experts; synthetic_checkpoint.write_lora_adapter): what the merge costs.")
 flags.DEFINE_list("processes", [], "Also convert with several processes (one device each, joined on 127.0.0.1):"
                   " these counts unpinned, plus 1 process pinned to core 0 against 2 pinned to cores 0 and 1.")
 flags.DEFINE_string("bucket", None, "Also convert from and to a bucket: `emulator` (fake-gcs-server on 127.0.0.1,"
@@ -644,25 +654,75 @@ def _reverse_command(items_path: str, output_dir: str) -> list[str]:
 
 
 # The columns of the main table, one per cell of `_row` and `_route_rows`.
-CONVERSION_COLUMNS = ("conversion", "size", "devices", "scan", "wall (median)", "peak RSS", "output", "throughput",
+CONVERSION_COLUMNS = ("conversion", "size", "devices", "scan", "wall (median)", "peak RSS (and --dry_run's)", "output", "throughput",
                       "I/O floor", "compression floor", "wall / max(floors)", "(wall - start-up) / max(floors)",
                       "CPU-s: conversion / codec floor")
 
 
 def _row(label: str, devices: str, wall: float, peak: float, out_bytes: int | str, moved_bytes: int, io: float,
          codec: float | None, start_up: float, note: str = "",
-         cpu: tuple[float, float] | None = None) -> tuple[str, ...]:
+         cpu: tuple[float, float] | None = None, predicted_peak: int | None = None) -> tuple[str, ...]:
   out = f"{out_bytes / 1e9:.2f} GB" if isinstance(out_bytes, int) else out_bytes
   floor = max(io, codec or 0.0)
+  peak_cell = f"{peak / 2**30:.2f} GiB"
+  if predicted_peak:
+    peak_cell += f" (--dry_run: {predicted_peak / 2**30:.2f} GiB, {predicted_peak / peak - 1:+.0%})"
   return (label, f"{moved_bytes / 1e9:.1f} GB", devices, "on" if FLAGS.scan_layers else "off", f"{wall:.1f} s",
-          f"{peak / 2**30:.2f} GiB", out, f"{moved_bytes / wall / 1e6:.0f} MB/s", f"{io:.1f} s",
+          peak_cell, out, f"{moved_bytes / wall / 1e6:.0f} MB/s", f"{io:.1f} s",
           "" if codec is None else f"{codec:.1f} s", f"{wall / floor:.2f}{note}", f"{(wall - start_up) / floor:.2f}",
           "" if cpu is None else f"{cpu[0]:.1f} / {cpu[1]:.1f}")
+
+
+DRY_RUN_COLUMNS = ("plan", "size", "devices", "scan", "wall (median)", "peak RSS", "CPU-s")
+
+
+def _full_size_dry_runs(env: dict[str, str]) -> ResultTable:
+  """`--dry_run` on the family's full-size model written sparse: headers parsed, every tensor paired and checked,
+  the plan built, no weight read."""
+  if FLAGS.family not in synthetic_checkpoint.FULL_SIZE:
+    sys.exit(f"--full_size_dry_run: no full-size model of {FLAGS.family}; families with one:"
+             f" {', '.join(sorted(synthetic_checkpoint.FULL_SIZE))}")
+  config = synthetic_checkpoint.FULL_SIZE[FLAGS.family]()
+  input_dir = os.path.join(FLAGS.work_dir, f"{FLAGS.family}-full-size")
+  if not (FLAGS.keep_input and os.path.exists(os.path.join(input_dir, "model.safetensors.index.json"))):
+    shutil.rmtree(input_dir, ignore_errors=True)
+    shapes = list(synthetic_checkpoint.FAMILIES[FLAGS.family][1](config))
+    synthetic_checkpoint.write_checkpoint(input_dir, config, shapes, max_shard_bytes=FLAGS.shard_mb << 20,
+                                          sparse=True)
+  nbytes = _du(input_dir)
+  rows = []
+  for devices in FLAGS.devices:
+    runs = [_run(f"--dry_run devices={devices}", _convert_command(input_dir, os.path.join(FLAGS.work_dir, "out"),
+                                                                 devices, "--dry_run"), env, None)
+            for _ in range(FLAGS.runs)]
+    wall, peak, cpu = (statistics.median(run[k] for run in runs) for k in range(3))
+    rows.append((f"{FLAGS.family} full size, --dry_run", f"{nbytes / 1e9:.1f} GB", devices,
+                 "on" if FLAGS.scan_layers else "off", f"{wall:.1f} s", f"{peak / 2**30:.2f} GiB", f"{cpu:.1f}"))
+  return ResultTable(f"input {nbytes / 1e9:.1f} GB written sparse (headers, holes for the data)", DRY_RUN_COLUMNS,
+                     tuple(rows))
+
+
+_UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
+
+
+def dry_run_peak(command: list[str], env: dict[str, str]) -> int:
+  """The peak RSS `command` + `--dry_run` predicts (from config.json and the headers alone), in bytes."""
+  result = subprocess.run([*command, "--dry_run"], env=env, capture_output=True, text=True)
+  for line in result.stdout.splitlines():
+    if line.startswith("predicted peak RSS:"):
+      value, unit = line.split(":", 1)[1].split()[:2]
+      return int(float(value) * _UNITS[unit])
+  sys.exit(f"--dry_run printed no predicted peak ({result.returncode}):\n{result.stderr[-3000:]}")
 
 
 def main(argv: list[str]) -> None:
   del argv  # The page records sys.argv: absl leaves it whole, and argv here lacks the flags.
   started = datetime.datetime.now(datetime.timezone.utc)
+  if FLAGS.full_size_dry_run:
+    tables = [_full_size_dry_runs(dict(os.environ, PYTHONPATH=_REPO))]
+    print_table(tables[0])
+    _add_to_results_page(tables, started)
+    return
   target = int(FLAGS.size_gb * 1e9)
   shards = "" if FLAGS.shard_mb == 4096 else f"-{FLAGS.shard_mb}mb-shards"
   input_dir = os.path.join(FLAGS.work_dir, f"{FLAGS.family}-{FLAGS.size_gb:g}gb{shards}")
@@ -687,9 +747,14 @@ def main(argv: list[str]) -> None:
   output_floor_bytes = input_bytes * (2 if quantized else 1)  # FP8 becomes bfloat16.
   floors, native_floors, codec_floors, reverse_floors = [], [], [], []  # codec: (encode, decode, their CPU-s)
   median = lambda runs, k: statistics.median(r[k] for r in runs)
-  rows, native_rows, reverse_rows = [], [], []
+  rows, native_rows, reverse_rows, lora_rows = [], [], [], []
+  adapter_dir = os.path.join(FLAGS.work_dir, f"lora-r{FLAGS.lora_rank}")
+  if FLAGS.lora_rank:
+    modules = synthetic_checkpoint.write_lora_adapter(input_dir, adapter_dir, FLAGS.lora_rank)
+    print(f"wrote a rank-{FLAGS.lora_rank} LoRA adapter of {modules} modules to {adapter_dir}", flush=True)
   for devices in FLAGS.devices:
-    walls, peaks, cpus, routes, native_runs, reverse_runs = [], [], [], [], [], []
+    walls, peaks, cpus, routes, native_runs, reverse_runs, lora_runs = [], [], [], [], [], [], []
+    predicted_peak = dry_run_peak(_convert_command(input_dir, output_dir, devices), env)
     for _ in range(FLAGS.runs):
       shutil.rmtree(output_dir, ignore_errors=True)  # Disk: input + the floor's copy must fit, not + output too.
       floors.append(in_child(io_floor, input_files, output_floor_bytes, FLAGS.work_dir))
@@ -709,6 +774,11 @@ def main(argv: list[str]) -> None:
         shutil.rmtree(back_dir, ignore_errors=True)
         reverse_floors.append(in_child(io_floor, _files(output_dir), back_bytes, FLAGS.work_dir))
         reverse_runs.append((reverse_wall, reverse_peak, back_bytes, reverse_cpu))
+      if FLAGS.lora_rank:
+        shutil.rmtree(output_dir, ignore_errors=True)
+        lora_command = _convert_command(input_dir, output_dir, devices, f"--lora_adapter_path={adapter_dir}")
+        lora_runs.append((*_run("  --lora_adapter_path", lora_command, env, cgroup), _du(output_dir),
+                          dry_run_peak(lora_command, env)))
       if native:
         shutil.rmtree(output_dir, ignore_errors=True)
         native_floors.append(in_child(io_floor, input_files, input_bytes, FLAGS.work_dir))
@@ -731,11 +801,13 @@ def main(argv: list[str]) -> None:
         routes.append((pass_wall, pass_peak, copy_wall, copy_peak))
         shutil.rmtree(copy_dir, ignore_errors=True)
     rows.append((devices, statistics.median(walls), statistics.median(peaks), out_bytes,
-                 [median(routes, k) for k in range(4)] if routes else None, statistics.median(cpus)))
+                 [median(routes, k) for k in range(4)] if routes else None, statistics.median(cpus), predicted_peak))
     if native_runs:
       native_rows.append((devices, *(median(native_runs, k) for k in range(3))))
     if reverse_runs:
       reverse_rows.append((devices, *(median(reverse_runs, k) for k in range(4))))
+    if lora_runs:
+      lora_rows.append((devices, *(median(lora_runs, k) for k in range(5))))
   shutil.rmtree(output_dir, ignore_errors=True)
   io = statistics.median(floors)
   encode, decode, encode_cpu, decode_cpu = (median(codec_floors, k) for k in range(4))
@@ -751,11 +823,15 @@ def main(argv: list[str]) -> None:
   # a few GB it is a fifth of the floor, on one of a TB nothing. CPU seconds say which wall is bound by work
   # (CPU near cores x wall: only less work per byte helps) and which by waiting (cores left idle).
   table_rows = [_row(f"{FLAGS.family} -> MaxText", devices, wall, peak, out_bytes, input_bytes, io, encode, start_up,
-                     cpu=(cpu, encode_cpu)) for devices, wall, peak, out_bytes, _, cpu in rows]
+                     cpu=(cpu, encode_cpu), predicted_peak=predicted)
+                for devices, wall, peak, out_bytes, _, cpu, predicted in rows]
   if reverse_rows:
     reverse_io = statistics.median(reverse_floors)
     table_rows += [_row("MaxText -> HuggingFace", devices, wall, peak, back_bytes, back_bytes, reverse_io, decode,
                         start_up, cpu=(cpu, decode_cpu)) for devices, wall, peak, back_bytes, cpu in reverse_rows]
+  table_rows += [_row(f"{FLAGS.family} -> MaxText, a rank-{FLAGS.lora_rank} LoRA adapter merged", devices, wall, peak,
+                     out_bytes, input_bytes, io, encode, start_up, cpu=(cpu, encode_cpu), predicted_peak=predicted)
+                 for devices, wall, peak, cpu, out_bytes, predicted in lora_rows]
   if native_rows:
     native_floor = statistics.median(native_floors)
     table_rows += [_row(f"{FLAGS.family} -> MaxText, --keep_fp8 (native fp8 output)", devices, wall, peak, out_bytes,
@@ -773,6 +849,10 @@ def main(argv: list[str]) -> None:
     cgroup.remove()
     notes.append(f"every conversion ran in a memory cgroup limited to {FLAGS.memory_limit_gib:g} GiB")
     print(f"\n{notes[-1]}")
+  _add_to_results_page(tables, started, notes)
+
+
+def _add_to_results_page(tables: Sequence[ResultTable], started: datetime.datetime, notes: Sequence[str] = ()) -> None:
   if FLAGS.results_page:
     section = render_run_section(tables, started, machine_description(), command_line(sys.argv), notes)
     print(f"\nresults added to {write_results_page(FLAGS.results_page, section)}")
@@ -783,7 +863,7 @@ def _route_rows(rows: list, input_bytes: int, io: float, zstd: float) -> list[tu
   in the main table's columns."""
   floor = max(io, zstd)
   table_rows = []
-  for devices, wall, _, _, route, _ in rows:
+  for devices, wall, _, _, route, _, _ in rows:
     if route:
       pass_wall, pass_peak, copy_wall, copy_peak = route
       table_rows.append((

@@ -8,6 +8,11 @@ checked against (nothing here is shared with converter/sources/).
   MXFP4: every `*.mlp.experts.{gate_up,down}_proj` (HF's (experts, in, out)) becomes `<name>_blocks` (U8, two e2m1
   values per byte, low nibble first, stored (out, in / 32, 16)) plus `<name>_scales` (U8 exponents + 127);
   config.json gets quantization_config {quant_method: mxfp4}.
+  DeepSeek V4 (hub names): the projections DeepSeek-V4-Flash ships in FP8 become F8_E4M3 plus `<module>.scale`
+  (F8_E8M0 powers of two per block), its routed experts `ffn.experts.{e}.w{1,2,3}.weight` I8 (out, in / 2: two
+  e2m1 values per byte, low nibble first) plus `.scale` (F8_E8M0 per 32 values of a row), or FP8 like the rest for
+  -Base; config.json gets quantization_config {quant_method: fp8, fmt: e4m3, scale_fmt: ue8m0, weight_block_size}
+  and the hub's top-level `expert_dtype`.
 """
 
 from __future__ import annotations
@@ -36,19 +41,28 @@ DEEPSEEK_FP8_EXCLUDED = re.compile(r".*(weights_proj|mlp\.gate)\.weight$")
 QWEN3_5_FP8_WEIGHTS = re.compile(r".*\.(self_attn\.[qkvo]_proj|linear_attn\.(in_proj_qkv|in_proj_z|out_proj)"
                                  r"|mlp\.shared_expert\.\w+_proj|mlp\.experts\.\d+\.\w+_proj)\.weight$")
 GPT_OSS_MXFP4_WEIGHTS = re.compile(r".*\.mlp\.experts\.(gate_up_proj|down_proj)$")
+# DeepSeek-V4-Flash (contract table): attention's wq_a, wq_b, wkv, wo_a, wo_b, the indexer's wq_b, the shared
+# expert and MTP's e_proj / h_proj in FP8; not the compressors, weights_proj, the router, norms, mixers, embed, head.
+DEEPSEEK4_FP8_WEIGHTS = re.compile(r"(.*\.)?(attn\.(wq_a|wq_b|wkv|wo_a|wo_b|indexer\.wq_b)|ffn\.shared_experts\.w[123]"
+                                   r"|[eh]_proj)\.weight$")
+DEEPSEEK4_EXPERT_WEIGHTS = re.compile(r"(.*\.)?ffn\.experts\.\d+\.w[123]\.weight$")
+DEEPSEEK4_F32_TENSORS = re.compile(r"(.*\.)?(hc_\w+|attn_sink|ape|gate\.bias)$")  # The rest ships in BF16.
 
 
 def fp8_block_quantize(w: np.ndarray, block: tuple[int, int],
                        scale_dtype: np.dtype = np.float32) -> tuple[np.ndarray, np.ndarray]:
-  """(F8_E4M3 values, a scale per block in `scale_dtype`) with `w ~= float32(values) * scale` blockwise."""
+  """(F8_E4M3 values, a scale per block in `scale_dtype`) with `w ~= float32(values) * scale` blockwise. E8M0
+  scales hold powers of two only: rounded up, so that no value saturates."""
   rows, cols = w.shape
   br, bc = block
   scales = np.zeros((math.ceil(rows / br), math.ceil(cols / bc)), scale_dtype)
   values = np.zeros(w.shape, ml_dtypes.float8_e4m3fn)
+  power_of_two = np.dtype(scale_dtype) == np.dtype(ml_dtypes.float8_e8m0fnu)
   for i in range(scales.shape[0]):
     for j in range(scales.shape[1]):
       tile = w[i * br:(i + 1) * br, j * bc:(j + 1) * bc].astype(np.float32)
-      scales[i, j] = max(float(np.abs(tile).max()) / FP8_MAX, 1e-12)
+      scale = max(float(np.abs(tile).max()) / FP8_MAX, 1e-12)
+      scales[i, j] = 2.0 ** math.ceil(math.log2(scale)) if power_of_two else scale
       scale = float(scales[i, j])  # As stored (BF16 scales are rounded), so values * scale stays within range.
       values[i * br:(i + 1) * br, j * bc:(j + 1) * bc] = np.clip(tile / scale, -FP8_MAX, FP8_MAX).astype(
           ml_dtypes.float8_e4m3fn)
@@ -81,6 +95,22 @@ def mxfp4_dequantize(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
   values = np.stack([low, high], axis=-1).reshape(blocks.shape[:-1] + (32,))
   values = values * np.exp2(scales.astype(np.float32) - 127)[..., None]
   return np.swapaxes(values.reshape(blocks.shape[:-2] + (-1,)), -1, -2)
+
+
+def fp4_pack(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """DeepSeek V4's FP4: a float (..., out, in) weight -> (I8 (..., out, in/2), F8_E8M0 scales (..., out, in/32));
+  MXFP4's e2m1 codes and power-of-two exponents, stored without its transpose or its 16-byte blocks."""
+  blocks, exponents = mxfp4_pack(np.swapaxes(w, -1, -2))
+  packed = blocks.reshape(blocks.shape[:-2] + (-1,)).view(np.int8)
+  return packed, exponents.view(ml_dtypes.float8_e8m0fnu)  # E8M0 is the biased exponent: 2^(e - 127).
+
+
+def fp4_dequantize(packed: np.ndarray, scales: np.ndarray) -> np.ndarray:
+  """(I8 pairs (..., out, in/2), F8_E8M0 scales (..., out, in/32)) -> the float32 (..., out, in) weight."""
+  low, high = E2M1_VALUES[packed.view(np.uint8) & 0x0F], E2M1_VALUES[packed.view(np.uint8) >> 4]
+  values = np.stack([low, high], axis=-1).reshape(packed.shape[:-1] + (-1, 32))
+  values = values * scales.astype(np.float32)[..., None]
+  return values.reshape(packed.shape[:-1] + (-1,))
 
 
 def load_tensors(model_dir: str) -> dict[str, np.ndarray]:
@@ -135,6 +165,32 @@ def quantize_mxfp4(model_dir: str, output_dir: str) -> str:
   return _save(output_dir, config, out)
 
 
+def quantize_deepseek4(model_dir: str, output_dir: str, block: tuple[int, int],
+                       selects: Callable[[str], bool] | None = None,
+                       scale_dtype: np.dtype = np.dtype(ml_dtypes.float8_e8m0fnu), expert_dtype: str = "fp4") -> str:
+  """`model_dir` (hub names) as DeepSeek-V4-Flash ships it: the weights `selects` names (the hub's FP8 ones by
+  default) in FP8 blocks beside `<module>.scale` (powers of two, E8M0 as shipped), routed experts packed FP4, the
+  tensors the hub stores in F32 (mHC mixers, sinks, `ape`, the routing bias) in F32, integer ones as they are, the
+  rest BF16. `expert_dtype="fp8"`: -Base, whose experts are FP8 blocks like the rest."""
+  selects = selects or DEEPSEEK4_FP8_WEIGHTS.match
+  config, tensors = _load(model_dir)
+  out: dict[str, np.ndarray] = {}
+  for name, tensor in tensors.items():
+    scale_name = name.removesuffix(".weight") + ".scale"
+    if DEEPSEEK4_EXPERT_WEIGHTS.match(name) and expert_dtype == "fp4":
+      out[name], out[scale_name] = fp4_pack(tensor)
+    elif selects(name) or DEEPSEEK4_EXPERT_WEIGHTS.match(name):
+      out[name], out[scale_name] = fp8_block_quantize(tensor, block, scale_dtype)
+    elif tensor.dtype.kind in "iub" or DEEPSEEK4_F32_TENSORS.match(name):
+      out[name] = tensor
+    else:
+      out[name] = tensor.astype(ml_dtypes.bfloat16)
+  config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "scale_fmt": "ue8m0",
+                                   "activation_scheme": "dynamic", "weight_block_size": list(block)}
+  config["expert_dtype"] = expert_dtype
+  return _save(output_dir, config, out)
+
+
 def is_quantized(model_dir: str) -> bool:
   with open(os.path.join(model_dir, "config.json")) as f:
     return "quantization_config" in json.load(f)
@@ -145,16 +201,25 @@ def dequantize(model_dir: str, output_dir: str, dtype=np.float32) -> str:
   quantization_config: what transformers runs as the reference for a quantized conversion."""
   config, tensors = _load(model_dir)
   quantization = config.pop("quantization_config")
+  config.pop("expert_dtype", None)
+  block = tuple(quantization.get("weight_block_size", ()))
+  scale_of = lambda n: next((s for s in (n + "_scale_inv", n.removesuffix(".weight") + ".scale") if s in tensors),
+                            None)
+  scales = {scale_of(n) for n in tensors} - {None}
   out: dict[str, np.ndarray] = {}
   for name, tensor in tensors.items():
-    if name.endswith(("_scale_inv", "_scales")):
+    scale = scale_of(name)
+    if name in scales or name.endswith("_scales"):
       continue
-    if name + "_scale_inv" in tensors:
-      block = tuple(quantization["weight_block_size"])
-      out[name] = fp8_dequantize(tensor, tensors[name + "_scale_inv"], block).astype(dtype)
+    if scale is not None and tensor.dtype == np.int8:  # DeepSeek V4's packed FP4.
+      out[name] = fp4_dequantize(tensor, tensors[scale]).astype(dtype)
+    elif scale is not None:
+      out[name] = fp8_dequantize(tensor, tensors[scale], block).astype(dtype)
     elif name.endswith("_blocks"):
       base = name[: -len("_blocks")]
       out[base] = mxfp4_dequantize(tensor, tensors[base + "_scales"]).astype(dtype)
+    elif tensor.dtype.kind in "iub":  # Integer buffers (DeepSeek V4's tid2eid) keep their dtype.
+      out[name] = tensor
     else:
       out[name] = tensor.astype(dtype) if tensor.dtype != dtype else tensor
   return _save(output_dir, config, out)

@@ -2,20 +2,30 @@
 
   bazel run //tools:restore_benchmark -- --maxtext_python=$PWD/.mtvenv/bin/python \
       --results_page=$PWD/docs/restore-results.md
+  # or, without Bazel: PYTHONPATH=. .venv/bin/python tools/restore_benchmark.py --results_page=docs/restore-results.md
 
-For a dense (Llama-shaped) and an MoE (Qwen3-MoE-shaped) synthetic bf16 checkpoint, converted three ways (the
-default layout, `--target_mesh`, and the write blocks as the only chunks, the layout before chunks were cut for the
-restoring mesh), MaxText 0.2.5 restores each with `from_pretrained` in --processes CPU processes of
---devices_per_process devices joined by jax.distributed on 127.0.0.1 (integration_tests/maxtext_interop/
-restore_reads.py). Read amplification = the sum of every process's /proc/self/io rchar during the restore / the
-bytes stored (so it includes the few MiB each process reads of metadata). Beside it: the prediction from metadata
-alone at the measured mesh and at fsdp 64 and 256 (hosts of 4 devices), and the conversion's wall time, peak RSS
-and stored bytes (median of --runs) for the default layout against the write-block layout.
+For a dense (Llama-shaped) and an MoE (Qwen3-MoE-shaped) synthetic bf16 checkpoint, converted four ways (the
+default layout; `--target_mesh`; the write blocks as the only chunks, i.e. the layout before chunks were cut for
+the restoring mesh; and MaxText 0.2.5's own converter, `to_maxtext`, on the same safetensors), MaxText 0.2.5 restores
+each with `from_pretrained` in --processes CPU processes of --devices_per_process devices joined by
+jax.distributed on 127.0.0.1 (integration_tests/maxtext_interop/restore_reads.py). Read amplification = the sum
+of every process's /proc/self/io rchar during the restore / the bytes stored (so it includes the few MiB each
+process reads of metadata). Beside it: the prediction from metadata alone at the measured mesh and at fsdp 64 and
+256 (hosts of 4 devices), and the conversion's wall time, peak RSS and stored bytes (median of --runs).
+
+MaxText's row: integration_tests/maxtext_interop/maxtext_convert.py runs `to_maxtext` under --maxtext_python with
+its defaults (`--lazy_load_tensors=True --simulated_cpu_devices_count=16`, bf16, scan_layers) and, as MaxText
+config arguments, the model name and the overrides our conversion recorded for the same weights (two shims, for
+local weights without torch: see that file). Its convert s and peak RSS are that process's, imports included, as
+ours are; after each conversion its stored tree (leaf paths, shapes, dtypes) must equal our default layout's, or
+the benchmark stops. Its prediction comes from converter.layout_inspection, which takes a checkpoint without our
+record's logical axes (MaxText's own) from the leaf paths.
 """
 
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import os
 import statistics
@@ -41,6 +51,7 @@ flags.DEFINE_string("work_dir", None, "Where checkpoints go (default: a temporar
 flags.DEFINE_string("results_page", None, "Write the table to this Markdown page as well.")
 
 RESTORE = os.path.join(ROOT, "integration_tests", "maxtext_interop", "restore_reads.py")
+MAXTEXT_CONVERT = os.path.join(ROOT, "integration_tests", "maxtext_interop", "maxtext_convert.py")
 
 
 def _shapes() -> dict:
@@ -57,8 +68,9 @@ def _shapes() -> dict:
   }
 
 
-def _convert(hf_dir: str, out: str, layout_flags: list[str]) -> dict:
+def _convert(hf_dir: str, out: str, model: str, ours: str, layout_flags: list[str]) -> dict:
   """The converter binary, timed as a process (wall, peak RSS of the child)."""
+  del model, ours
   start = time.monotonic()
   child = subprocess.Popen([sys.executable, os.path.join(ROOT, "converter", "main.py"), f"--hf_model_path={hf_dir}",
                             f"--output_dir={out}", "--overwrite", "--noprogress", *layout_flags],
@@ -69,20 +81,59 @@ def _convert(hf_dir: str, out: str, layout_flags: list[str]) -> dict:
   return {"seconds": time.monotonic() - start, "peak_mib": usage.ru_maxrss / 1024}
 
 
+def _maxtext_env() -> dict:
+  return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+
+
+def _tail(path: str) -> str:
+  with open(path, encoding="utf-8", errors="replace") as f:
+    return "".join(f.readlines()[-15:])
+
+
+def _convert_maxtext(hf_dir: str, out: str, model: str, ours: str) -> dict:
+  """MaxText's own `to_maxtext` on the same weights (maxtext_convert.py under --maxtext_python), timed as a
+  process like `_convert`, with the overrides our conversion to `ours` recorded; then, untimed, its stored tree
+  checked against `ours` (leaf paths, shapes, dtypes): a difference stops the benchmark."""
+  from converter.output.record import ConversionRecord  # pylint: disable=g-import-not-at-top
+
+  overrides = os.path.join(os.path.dirname(out), "to_maxtext_overrides.json")
+  with open(overrides, "w", encoding="utf-8") as f:
+    json.dump(ConversionRecord.read(ours).maxtext_overrides, f)
+  log = os.path.join(os.path.dirname(out), "to_maxtext.log")
+  start = time.monotonic()
+  with open(log, "w", encoding="utf-8") as f:
+    child = subprocess.Popen([FLAGS.maxtext_python, MAXTEXT_CONVERT, f"--hf_model_path={hf_dir}",
+                              f"--model_name={model}", f"--overrides=@{overrides}", f"--output_dir={out}",
+                              "--overwrite"], stdout=f, stderr=subprocess.STDOUT, env=_maxtext_env())
+    _, status, usage = os.wait4(child.pid, 0)
+  seconds = time.monotonic() - start
+  if os.waitstatus_to_exitcode(status):
+    raise RuntimeError(f"MaxText's to_maxtext on {hf_dir} failed (exit {os.waitstatus_to_exitcode(status)}), "
+                       f"{log}:\n{_tail(log)}")
+  check = subprocess.run([FLAGS.maxtext_python, MAXTEXT_CONVERT, "--noconvert", f"--output_dir={out}",
+                          f"--compare_with={ours}"], capture_output=True, text=True, env=_maxtext_env(), check=False)
+  if check.returncode:
+    mismatches = [line for line in check.stdout.splitlines() if line.startswith("TREE MISMATCH")]
+    raise RuntimeError(f"MaxText's to_maxtext output {out} is not the tree of {ours} (exit {check.returncode}):\n"
+                       + "\n".join(mismatches or check.stderr.splitlines()[-15:]))
+  return {"seconds": seconds, "peak_mib": usage.ru_maxrss / 1024}
+
+
 def _stored_bytes(items: str) -> int:
   step = os.path.dirname(items)
   return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(step) for f in fs)
 
 
-def _restore(items: str, model: str, mesh: str) -> tuple[int, float]:
-  """(bytes all processes read, slowest process's seconds) of MaxText restoring `items` on `mesh`."""
+def _restore(items: str, model: str, mesh: str, ours: str) -> tuple[int, float]:
+  """(bytes all processes read, slowest process's seconds) of MaxText restoring `items` on `mesh`, with the
+  overrides recorded in `items` (our layouts) or else in `ours` (MaxText's own output records none)."""
   from converter.output.record import ConversionRecord  # pylint: disable=g-import-not-at-top
   from tools.ports import free_port  # pylint: disable=g-import-not-at-top
 
   overrides = os.path.join(os.path.dirname(items), "overrides.json")
   with open(overrides, "w", encoding="utf-8") as f:
-    json.dump(ConversionRecord.read(items).maxtext_overrides, f)
-  env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    json.dump(ConversionRecord.read(items).maxtext_overrides or ConversionRecord.read(ours).maxtext_overrides, f)
+  env = _maxtext_env()
   address = f"127.0.0.1:{free_port()}"
   children = [subprocess.Popen(
       [FLAGS.maxtext_python, RESTORE, f"--checkpoint={items}", f"--model_name={model}", f"--overrides=@{overrides}",
@@ -94,7 +145,12 @@ def _restore(items: str, model: str, mesh: str) -> tuple[int, float]:
     out, _ = child.communicate(timeout=900)
     if child.returncode:
       raise RuntimeError(f"MaxText restore of {items} on {mesh} failed (exit {child.returncode})")
-    results.append(json.loads([line for line in out.splitlines() if line.startswith("{")][-1]))
+    # The JSON line, read up to its end: something else on the same stdout (the runtime's own logging) can end
+    # up on that line (seen once: "Extra data" after the object).
+    starts = [line[line.index('{"process"'):] for line in out.splitlines() if '{"process"' in line]
+    if not starts:
+      raise RuntimeError(f"MaxText restore of {items} on {mesh} printed no result:\n{out[-2000:]}")
+    results.append(json.JSONDecoder().raw_decode(starts[-1])[0])
   return sum(r["rchar"] for r in results), max(r["seconds"] for r in results)
 
 
@@ -112,8 +168,15 @@ def main(argv: list[str]) -> None:
   work = FLAGS.work_dir or tempfile.mkdtemp(prefix="restore_bench_")
   devices = FLAGS.processes * FLAGS.devices_per_process
   fsdp = f"fsdp={devices}"
-  layouts = {"default": [], f"--target_mesh={FLAGS.target_mesh}": [f"--target_mesh={FLAGS.target_mesh}"],
-             "write blocks (before)": ["--nochunk_layout"]}
+  # (row name, output directory, restore mesh, convert(hf_dir, out, model, ours)); the first is `ours`, the
+  # layout MaxText's own output is checked against and whose recorded overrides it is converted with.
+  layouts = [
+      ("default", "default", fsdp, functools.partial(_convert, layout_flags=[])),
+      (f"--target_mesh={FLAGS.target_mesh}", "target_mesh", FLAGS.target_mesh,
+       functools.partial(_convert, layout_flags=[f"--target_mesh={FLAGS.target_mesh}"])),
+      ("write blocks (before)", "write", fsdp, functools.partial(_convert, layout_flags=["--nochunk_layout"])),
+      ("MaxText `to_maxtext`", "to_maxtext", fsdp, _convert_maxtext),
+  ]
   rows = []
   header = (f"| shape | layout | restore mesh ({FLAGS.processes} x {FLAGS.devices_per_process}) | read / stored"
             f" (measured) | predicted | restore s | predicted at fsdp=64 / 256 | stored MB | convert s (median) |"
@@ -124,12 +187,12 @@ def main(argv: list[str]) -> None:
     hf_dir = os.path.join(work, shape, "hf")
     if not os.path.exists(os.path.join(hf_dir, "config.json")):
       synthetic_checkpoint.write_checkpoint(hf_dir, config, list(shapes(config)))
-    for name, layout_flags in layouts.items():
-      out = os.path.join(work, shape, name.split("=")[0].strip("-").split()[0])
-      runs = [_convert(hf_dir, out, layout_flags) for _ in range(FLAGS.runs)]
+    ours = os.path.join(work, shape, layouts[0][1], "0", "items")
+    for name, directory, mesh, convert in layouts:
+      out = os.path.join(work, shape, directory)
+      runs = [convert(hf_dir, out, model, ours) for _ in range(FLAGS.runs)]
       items = os.path.join(out, "0", "items")
-      mesh = FLAGS.target_mesh if layout_flags[:1] == [f"--target_mesh={FLAGS.target_mesh}"] else fsdp
-      read, seconds = _restore(items, model, mesh)
+      read, seconds = _restore(items, model, mesh, ours)
       stored = _stored_bytes(items)
       predicted, at_64, at_256 = _predicted(items, [mesh, "fsdp=64", "fsdp=256"])
       row = (f"| {shape} | {name} | {mesh} | {read / stored:.2f}x | {predicted}x | {seconds:.1f} | {at_64}x / {at_256}x"
@@ -145,7 +208,13 @@ def main(argv: list[str]) -> None:
               " joined by jax.distributed on 127.0.0.1. \"read / stored\": the sum of each process's /proc/self/io"
               " rchar during the restore over the bytes stored (metadata reads included); \"predicted\": from the"
               " stored chunk grid alone (hosts of 4 devices, each reading every chunk its devices touch once)."
-              f" Conversion time and peak RSS: medians of {FLAGS.runs} runs on this machine.\n\n")
+              " Each read, predicted and restore figure is one restore of the last conversion."
+              f" Conversion time and peak RSS: medians of {FLAGS.runs} runs on this machine (each a whole"
+              " process, imports included). \"MaxText `to_maxtext`\": MaxText 0.2.5's own converter on the same"
+              " safetensors with its defaults (16 simulated devices, lazy loading, bf16, scanned), the model name"
+              " and the overrides our conversion recorded, run by integration_tests/maxtext_interop/"
+              "maxtext_convert.py (local config and a bf16 numpy reader shimmed in, as it runs without torch); its"
+              " stored tree is checked equal to our default layout's.\n\n")
       f.write(header + "\n|" + "---|" * 10 + "\n" + "\n".join(rows) + "\n")
 
 

@@ -86,7 +86,7 @@ class _GaussianPool:
 
   def __init__(self, rng: np.random.Generator, dtype: np.dtype, positive: bool = False):
     self._rng = rng
-    std = 64.0 if dtype.itemsize == 1 else 2e-4 if positive else 0.02
+    std = 2e-4 if positive else 64.0 if dtype.itemsize == 1 else 0.02
     pool = rng.standard_normal(_POOL_VALUES, dtype=np.float32) * np.float32(std)
     pool = (np.abs(pool) + np.float32(std / 8) if positive else pool).astype(dtype)
     self._pool = np.concatenate([pool, pool])  # Any window up to the pool's length is one slice.
@@ -100,9 +100,12 @@ class _GaussianPool:
 
 
 def write_checkpoint(output_dir: str, config: dict, shapes: list[tuple], *, dtype=ml_dtypes.bfloat16,
-                     max_shard_bytes: int = 4 << 30, seed: int = 0) -> int:
+                     max_shard_bytes: int = 4 << 30, seed: int = 0, sparse: bool = False) -> int:
   """Writes config.json, shards and the index; returns the bytes of tensor data written. `shapes` holds
-  (name, shape) in `dtype`, or (name, shape, dtype) for tensors of another dtype (FP8 weights, their scales)."""
+  (name, shape) in `dtype`, or (name, shape, dtype) for tensors of another dtype (FP8 weights, their scales).
+
+  `sparse`: each shard is its header and a hole of the data's length (zeros, taking no disk): a full-size model's
+  checkpoint on a small disk, for what reads headers alone (`--dry_run`)."""
   tensors = [(t[0], tuple(t[1]), np.dtype(t[2] if len(t) > 2 else dtype)) for t in shapes]
   os.makedirs(output_dir, exist_ok=True)
   shards: list[list[tuple[str, tuple[int, ...], np.dtype]]] = [[]]
@@ -122,14 +125,18 @@ def write_checkpoint(output_dir: str, config: dict, shapes: list[tuple], *, dtyp
     placeholders = {n: np.lib.stride_tricks.as_strided(np.zeros(1, d), s, [0] * len(s)) for n, s, d in shard}
     with open(os.path.join(output_dir, file_name), "wb") as f:
       f.write(safetensors_header(placeholders))
+      if sparse:
+        f.truncate(f.tell() + sum(int(np.prod(s)) * d.itemsize for _, s, d in shard))
       for name, shape, tensor_dtype in shard:
-        kind = (tensor_dtype, name.endswith("_scale_inv"))
+        weight_map[name] = file_name
+        total += int(np.prod(shape)) * tensor_dtype.itemsize
+        if sparse:
+          continue
+        kind = (tensor_dtype, name.endswith(("_scale_inv", ".scale")))
         if kind not in pools:
           pools[kind] = _GaussianPool(rng, tensor_dtype, positive=kind[1])
         for piece in pools[kind].values(int(np.prod(shape))):
           f.write(piece.tobytes())
-        weight_map[name] = file_name
-        total += int(np.prod(shape)) * tensor_dtype.itemsize
   with open(os.path.join(output_dir, "model.safetensors.index.json"), "w") as f:
     json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f)
   with open(os.path.join(output_dir, "config.json"), "w") as f:
@@ -236,11 +243,25 @@ def _deepseek_layer(config: dict, i: int) -> Iterator[tuple[str, tuple[int, ...]
       yield from _fp8(f"{p}.mlp.{expert}.{proj}.weight", shape)
 
 
+def deepseek3_full_config() -> dict:
+  """DeepSeek-V3 as the hub ships it: 61 layers (3 dense), 256 experts, vocab 129280, and its multi-token
+  prediction layer (model.layers.61)."""
+  config = deepseek3_fp8_config(moe_layers=60, experts=256, vocab=129280)  # 61 layers.
+  return {**config, "first_k_dense_replace": 3, "num_nextn_predict_layers": 1}
+
+
 def deepseek3_fp8_shapes(config: dict) -> Iterator[tuple[str, tuple[int, ...], np.dtype]]:
   bf16 = np.dtype(ml_dtypes.bfloat16)
-  yield "model.embed_tokens.weight", (config["vocab_size"], config["hidden_size"]), bf16
+  E, V = config["hidden_size"], config["vocab_size"]
+  yield "model.embed_tokens.weight", (V, E), bf16
   for i in range(config["num_hidden_layers"]):
     yield from _deepseek_layer(config, i)
+  for i in range(config["num_hidden_layers"], config["num_hidden_layers"] + config["num_nextn_predict_layers"]):
+    yield from _deepseek_layer(config, i)  # A multi-token-prediction layer: a MoE layer and its own head.
+    p = f"model.layers.{i}"
+    yield from ((f"{p}.embed_tokens.weight", (V, E), bf16), (f"{p}.enorm.weight", (E,), bf16),
+                (f"{p}.hnorm.weight", (E,), bf16), (f"{p}.eh_proj.weight", (E, 2 * E), bf16),
+                (f"{p}.shared_head.norm.weight", (E,), bf16), (f"{p}.shared_head.head.weight", (V, E), bf16))
   yield "model.norm.weight", (config["hidden_size"],), bf16
   yield "lm_head.weight", (config["vocab_size"], config["hidden_size"]), bf16
 
@@ -359,12 +380,166 @@ def qwen3_5_fp8_shapes(config: dict) -> Iterator[tuple[str, tuple[int, ...], np.
   yield from _qwen3_5_vision(config)
 
 
+def deepseek4_config(*, layers: int = 43, experts: int = 256, vocab: int = 129280, expert_dtype: str = "fp4") -> dict:
+  """DeepSeek-V4-Flash's config.json as the hub ships it (hub keys, FP8 in 128x128 blocks with E8M0 scales, routed
+  experts in FP4, one MTP block), with `layers`, `experts` and `vocab` to make it smaller: 3 hash-routed layers
+  (ratios 0, 0, 4), then ratio 128 and 4 alternating, as MaxText's scanned blocks need."""
+  return {
+      "architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4", "hidden_size": 4096,
+      "num_hidden_layers": layers, "num_attention_heads": 64, "num_key_value_heads": 1, "head_dim": 512,
+      "qk_rope_head_dim": 64, "q_lora_rank": 1024, "o_groups": 8, "o_lora_rank": 1024, "n_routed_experts": experts,
+      "n_shared_experts": 1, "num_experts_per_tok": 6, "moe_intermediate_size": 2048, "vocab_size": vocab,
+      "hc_mult": 4, "hc_sinkhorn_iters": 20, "hc_eps": 1e-6, "num_hash_layers": 3,
+      "compress_ratios": [0, 0, 4] + [128, 4] * ((layers - 3) // 2) + [0], "index_n_heads": 64,
+      "index_head_dim": 128, "index_topk": 512, "sliding_window": 128, "rope_theta": 10000,
+      "compress_rope_theta": 160000, "rope_scaling": {"type": "yarn", "factor": 16,
+                                                      "original_max_position_embeddings": 65536, "beta_fast": 32,
+                                                      "beta_slow": 1},
+      "routed_scaling_factor": 1.5, "swiglu_limit": 10.0, "scoring_func": "sqrtsoftplus", "topk_method": "noaux_tc",
+      "norm_topk_prob": True, "num_nextn_predict_layers": 1, "rms_norm_eps": 1e-6, "max_position_embeddings": 1048576,
+      "tie_word_embeddings": False, "torch_dtype": "bfloat16", "expert_dtype": expert_dtype,
+      "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "scale_fmt": "ue8m0",
+                              "activation_scheme": "dynamic", "weight_block_size": [FP8_BLOCK, FP8_BLOCK]},
+  }
+
+
+def deepseek4_for_bytes(target_bytes: int, itemsize: int = 1) -> dict:
+  """DeepSeek-V4-Flash's shapes with 8 experts a layer (a conversion writes 4x the FP4 bytes: the disk must hold
+  the output and MaxText's route's bfloat16 copy) and vocab 16384: 3 hash layers + as many (128, 4) pairs as
+  fit."""
+  del itemsize
+  experts, vocab = 8, 16384
+  one = deepseek4_config(layers=5, experts=experts, vocab=vocab)
+  per_pair = sum(_nbytes(t) for i in (3, 4) for t in _deepseek4_layer(one, f"layers.{i}", i))
+  fixed = sum(_nbytes(t) for t in deepseek4_shapes(one)) - 2 * per_pair
+  return deepseek4_config(layers=3 + 2 * max(1, round((target_bytes - fixed) / per_pair)), experts=experts,
+                          vocab=vocab)
+
+
+def _nbytes(tensor: tuple[str, tuple[int, ...], np.dtype]) -> int:
+  return math.prod(tensor[1]) * np.dtype(tensor[2]).itemsize
+
+
+def _fp8_e8m0(name: str, shape: tuple[int, ...]) -> Iterator[tuple[str, tuple[int, ...], np.dtype]]:
+  """An FP8 weight `<module>.weight` and its power-of-two block scales `<module>.scale`, as V4 names them."""
+  yield name, shape, np.dtype(ml_dtypes.float8_e4m3fn)
+  yield name.removesuffix(".weight") + ".scale", tuple(math.ceil(d / FP8_BLOCK) for d in shape), np.dtype(
+      ml_dtypes.float8_e8m0fnu)
+
+
+def _fp4_e2m1(name: str, shape: tuple[int, int]) -> Iterator[tuple[str, tuple[int, ...], np.dtype]]:
+  """A routed expert's (out, in) weight packed as V4 ships it: I8 (out, in / 2) and E8M0 scales (out, in / 32)."""
+  yield name, (shape[0], shape[1] // 2), np.dtype(np.int8)
+  yield name.removesuffix(".weight") + ".scale", (shape[0], shape[1] // 32), np.dtype(ml_dtypes.float8_e8m0fnu)
+
+
+def _deepseek4_layer(config: dict, p: str, i: int) -> Iterator[tuple[str, tuple[int, ...], np.dtype]]:
+  """One V4 layer's hub tensors under `p` (`layers.{i}`, or the MTP block's): mixers and sinks F32, projections
+  FP8, compressors and the router BF16, routed experts FP4 (or FP8 for -Base)."""
+  E, H, D, q, G, o = (config[k] for k in ("hidden_size", "num_attention_heads", "head_dim", "q_lora_rank",
+                                          "o_groups", "o_lora_rank"))
+  N, X, M, Hi, Di = (config[k] for k in ("hc_mult", "n_routed_experts", "moe_intermediate_size", "index_n_heads",
+                                         "index_head_dim"))
+  bf16, f32 = np.dtype(ml_dtypes.bfloat16), np.dtype(np.float32)
+  ratio = config["compress_ratios"][i]
+  for norm in ("attn_norm", "ffn_norm"):
+    yield f"{p}.{norm}.weight", (E,), bf16
+  for mixer in ("hc_attn", "hc_ffn"):
+    yield f"{p}.{mixer}_fn", ((2 + N) * N, N * E), f32
+    yield f"{p}.{mixer}_base", ((2 + N) * N,), f32
+    yield f"{p}.{mixer}_scale", (3,), f32
+  a = f"{p}.attn"
+  yield from _fp8_e8m0(f"{a}.wq_a.weight", (q, E))
+  yield f"{a}.q_norm.weight", (q,), bf16
+  yield from _fp8_e8m0(f"{a}.wq_b.weight", (H * D, q))
+  yield from _fp8_e8m0(f"{a}.wkv.weight", (D, E))
+  yield f"{a}.kv_norm.weight", (D,), bf16
+  yield from _fp8_e8m0(f"{a}.wo_a.weight", (G * o, H * D // G))
+  yield from _fp8_e8m0(f"{a}.wo_b.weight", (E, G * o))
+  yield f"{a}.attn_sink", (H,), f32
+  compressors = [(f"{a}.compressor", D)] + ([(f"{a}.indexer.compressor", Di)] if ratio == 4 else [])
+  for c, width in compressors if ratio else ():
+    wide = 2 * width if ratio == 4 else width  # CSA pools overlapping windows.
+    yield f"{c}.wkv.weight", (wide, E), bf16
+    yield f"{c}.wgate.weight", (wide, E), bf16
+    yield f"{c}.ape", (ratio, wide), f32
+    yield f"{c}.norm.weight", (width,), bf16
+  if ratio == 4:
+    yield from _fp8_e8m0(f"{a}.indexer.wq_b.weight", (Hi * Di, q))
+    yield f"{a}.indexer.weights_proj.weight", (Hi, E), bf16
+  f = f"{p}.ffn"
+  yield f"{f}.gate.weight", (X, E), bf16
+  if p.startswith("layers.") and i < config["num_hash_layers"]:
+    yield f"{f}.gate.tid2eid", (config["vocab_size"], config["num_experts_per_tok"]), np.dtype(np.int64)
+  else:
+    yield f"{f}.gate.bias", (X,), f32
+  for proj, shape in (("w1", (M, E)), ("w2", (E, M)), ("w3", (M, E))):
+    yield from _fp8_e8m0(f"{f}.shared_experts.{proj}.weight", shape)
+  routed = _fp4_e2m1 if config["expert_dtype"] == "fp4" else _fp8_e8m0
+  for e in range(X):
+    for proj, shape in (("w1", (M, E)), ("w2", (E, M)), ("w3", (M, E))):
+      yield from routed(f"{f}.experts.{e}.{proj}.weight", shape)
+
+
+def deepseek4_shapes(config: dict) -> Iterator[tuple[str, tuple[int, ...], np.dtype]]:
+  """Every tensor of a DeepSeek V4 hub checkpoint under its flat names, the MTP block (`mtp.0.*`) included."""
+  E, V, N = config["hidden_size"], config["vocab_size"], config["hc_mult"]
+  bf16, f32 = np.dtype(ml_dtypes.bfloat16), np.dtype(np.float32)
+  yield "embed.weight", (V, E), bf16
+  for i in range(config["num_hidden_layers"]):
+    yield from _deepseek4_layer(config, f"layers.{i}", i)
+  for k in range(config["num_nextn_predict_layers"]):
+    m = f"mtp.{k}"
+    yield from _fp8_e8m0(f"{m}.e_proj.weight", (E, E))
+    yield from _fp8_e8m0(f"{m}.h_proj.weight", (E, E))
+    for norm in ("enorm", "hnorm", "norm"):
+      yield f"{m}.{norm}.weight", (E,), bf16
+    yield f"{m}.hc_head_fn", (N, N * E), f32
+    yield f"{m}.hc_head_base", (N,), f32
+    yield f"{m}.hc_head_scale", (1,), f32
+    yield from _deepseek4_layer(config, m, config["num_hidden_layers"] + k)
+  yield "norm.weight", (E,), bf16
+  yield "hc_head_fn", (N, N * E), f32
+  yield "hc_head_base", (N,), f32
+  yield "hc_head_scale", (1,), f32
+  yield "head.weight", (V, E), bf16
+
+
 FAMILIES = {
     "qwen3_moe": (qwen3_moe_for_bytes, qwen3_moe_shapes),
     "llama": (llama_for_bytes, llama_shapes),
     "deepseek3_fp8": (deepseek3_fp8_for_bytes, deepseek3_fp8_shapes),
     "qwen3_5_fp8": (qwen3_5_fp8_for_bytes, qwen3_5_fp8_shapes),
+    "deepseek4_fp4": (deepseek4_for_bytes, deepseek4_shapes),
 }
+# The real model of a family, at full size, for `--dry_run` on a sparse checkpoint (benchmark --full_size_dry_run).
+FULL_SIZE = {"deepseek4_fp4": deepseek4_config, "deepseek3_fp8": deepseek3_full_config}
+
+
+def write_lora_adapter(checkpoint_dir: str, output_dir: str, rank: int, *, seed: int = 0) -> int:
+  """A PEFT LoRA adapter of rank `rank` (lora_alpha 2 * rank) for every attention and MLP projection of the
+  checkpoint in `checkpoint_dir` (`*_proj.weight`, not routed experts), random factors in float32; returns its
+  module count. For the benchmark's merge row: what merging costs beside the plain conversion."""
+  from converter.sources import open_safetensors  # pylint: disable=g-import-not-at-top
+  from tools.safetensors_writer import write_safetensors  # pylint: disable=g-import-not-at-top
+
+  rng = np.random.default_rng(seed)
+  factors, modules = {}, set()
+  for name, tensor in sorted(open_safetensors(checkpoint_dir).tensors.items()):
+    if not name.endswith("_proj.weight") or ".experts." in name or len(tensor.shape) != 2:
+      continue
+    module = name[: -len(".weight")]
+    modules.add(module.rsplit(".", 1)[-1])
+    out_features, in_features = tensor.shape
+    factors[f"base_model.model.{module}.lora_A.weight"] = rng.standard_normal((rank, in_features), np.float32) * 0.01
+    factors[f"base_model.model.{module}.lora_B.weight"] = rng.standard_normal((out_features, rank), np.float32) * 0.01
+  os.makedirs(output_dir, exist_ok=True)
+  write_safetensors(os.path.join(output_dir, "adapter_model.safetensors"), factors)
+  with open(os.path.join(output_dir, "adapter_config.json"), "w") as f:
+    json.dump({"peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank, "target_modules": sorted(modules),
+               "bias": "none", "use_rslora": False, "use_dora": False, "fan_in_fan_out": False,
+               "modules_to_save": None}, f, indent=2)
+  return len(factors) // 2
 
 
 def write_family_checkpoint(output_dir: str, family: str, target_bytes: int, *, seed: int = 0,

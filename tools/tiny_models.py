@@ -11,17 +11,20 @@ as in the interop check: adding a family is its file in converter/families/ plus
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Callable
 
 
 @dataclasses.dataclass(frozen=True)
 class Fp8Shipping:
-  """A row shipped as an FP8 checkpoint (tools/quantize.quantize_fp8): the weights quantized (a regex named in
-  tools/quantize.py), the block size, the dtype its scales are stored in."""
+  """A row shipped as an FP8 checkpoint: the weights quantized (a regex named in tools/quantize.py), the block size,
+  the dtype its scales are stored in, and the function of tools/quantize.py that ships it: `quantize_fp8`
+  (`X.weight_scale_inv` beside every FP8 weight: DeepSeek V3, Qwen3.5) or `quantize_deepseek4` (DeepSeek V4's
+  `.scale` naming, routed experts packed FP4)."""
 
   weights: str
   block: tuple[int, int]
   scale_dtype: str = "float32"
+  quantizer: str = "quantize_fp8"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +49,15 @@ class TinyModelSpec:
   # section 2), which the check reports beside the aligned forward it holds to --atol.
   inputs: str = ""
   shipped_floor: float = 0.0
+  # Written in the hub's own layout, not save_pretrained's: tensor names and config.json keys as the hub ships them
+  # (`hub_layout(save_pretrained's directory)` rewrites it in place; `hub_config(config.json)` the config alone).
+  hub_layout: Callable[[str], None] | None = None
+  hub_config: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+  seq_len: int = 0  # Tokens per sequence the logits checks run (0: their default).
+  # Tensors drawn ~ N(0, 1) (a regex of their names): DeepSeek V4's mHC mixer scales and biases, compressor position
+  # biases and sinks, which at 0.05 would leave the mixers near their uniform point, where a misplaced split hardly
+  # changes the logits.
+  unit_scale: str = ""
 
 
 # Shared shape of the tiny models: head_dim differs from hidden / heads, queries are grouped 3:1, odd vocab.
@@ -121,6 +133,60 @@ _QWEN3_VL_TEXT = dict(hidden_size=64, num_hidden_layers=4, vocab_size=151657, nu
                       max_position_embeddings=512,
                       rope_parameters={"rope_type": "default", "rope_theta": 5e6, "mrope_section": [6, 5, 5],
                                        "mrope_interleaved": True})
+
+# DeepSeek V4: 3 hash-routed layers (sliding, sliding, CSA) then 2 scanned pairs (HCA 128, CSA 4); head_dim 64 !=
+# hidden/heads, rope on the last 16 channels, 4 output groups, 3 mHC streams, 8 experts top 3 of 96, an indexer
+# of 32 heads x 16 keeping 8 entries, window 48; rope bases, routed scale and the clamp differ from
+# deepseek4-284b.yml's, so an override left at the yml's value changes the logits. Run on 256 tokens: the
+# ratio-128 compressor emits two entries and the indexer picks 8 of up to 64.
+_DEEPSEEK4 = dict(hidden_size=256, num_attention_heads=4, num_key_value_heads=1, head_dim=64, qk_rope_head_dim=16,
+                  q_lora_rank=48, o_groups=4, o_lora_rank=32, hc_mult=3, hc_sinkhorn_iters=20, num_hidden_layers=7,
+                  compress_ratios=[0, 0, 4, 128, 4, 128, 4], num_hash_layers=3, n_routed_experts=8,
+                  num_experts_per_tok=3, moe_intermediate_size=96, n_shared_experts=1, index_n_heads=32,
+                  index_head_dim=16, index_topk=8, sliding_window=48, rope_theta=20000.0, compress_rope_theta=80000.0,
+                  routed_scaling_factor=2.0, swiglu_limit=6.0, vocab_size=509, rms_norm_eps=1e-6,
+                  max_position_embeddings=4096, num_nextn_predict_layers=0, tie_word_embeddings=False)
+_DEEPSEEK4_UNIT_SCALE = r".*((attn_hc|ffn_hc)\.(scale|base)|hc_head\.hc_(scale|base)|position_bias|self_attn\.sinks)$"
+# transformers' save_pretrained names of a DeepSeek V4 -> the hub's flat ones (the inverse of what the converter's
+# deepseek4 family aliases; written here independently of it).
+_DEEPSEEK4_HUB_NAMES = ((r"^model\.embed_tokens\.weight$", "embed.weight"), (r"^model\.norm\.weight$", "norm.weight"),
+                        (r"^model\.hc_head\.hc_(fn|base|scale)$", r"hc_head_\1"),
+                        (r"^model\.layers\.(\d+)\.attn\.norm\.weight$", r"layers.\1.attn.kv_norm.weight"),
+                        (r"^model\.", ""))
+
+
+def deepseek4_hub_config(config: dict[str, Any]) -> dict[str, Any]:
+  """A DeepSeek V4 config.json in transformers' form -> the hub's keys (per-layer `compress_ratios`,
+  `num_hash_layers`, `qk_rope_head_dim`, flat `rope_theta` / `compress_rope_theta`)."""
+  rates = {"sliding_attention": 0, **config["compress_rates"]}
+  rope = config["rope_parameters"]
+  hub = {k: v for k, v in config.items() if k not in ("layer_types", "mlp_layer_types", "compress_rates",
+                                                     "rope_parameters", "partial_rotary_factor")}
+  return dict(hub, compress_ratios=[rates[t] for t in config["layer_types"]],
+              num_hash_layers=config["mlp_layer_types"].count("hash_moe"),
+              qk_rope_head_dim=round(config["head_dim"] * config["partial_rotary_factor"]),
+              rope_theta=rope["main"]["rope_theta"], compress_rope_theta=rope["compress"]["rope_theta"])
+
+
+def deepseek4_hub_layout(directory: str) -> None:
+  """Rewrites a DeepSeek V4 save_pretrained directory in place as the hub ships it: flat names, hub config keys."""
+  import json  # pylint: disable=g-import-not-at-top
+  import os  # pylint: disable=g-import-not-at-top
+  import re  # pylint: disable=g-import-not-at-top
+  from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
+  from tools.safetensors_writer import write_safetensors  # pylint: disable=g-import-not-at-top
+
+  path = os.path.join(directory, "model.safetensors")
+  tensors = {}
+  for name, value in load_file(path).items():
+    pattern, replacement = next((p, r) for p, r in _DEEPSEEK4_HUB_NAMES + ((r"^", ""),) if re.match(p, name))
+    tensors[re.sub(pattern, replacement, name, count=1)] = value
+  write_safetensors(path, tensors)
+  with open(os.path.join(directory, "config.json")) as f:
+    config = deepseek4_hub_config(json.load(f))
+  with open(os.path.join(directory, "config.json"), "w") as f:
+    json.dump(config, f, indent=2, sort_keys=True)
+
 
 TINY_MODELS: dict[str, TinyModelSpec] = {
     "qwen3": TinyModelSpec(
@@ -280,6 +346,9 @@ TINY_MODELS: dict[str, TinyModelSpec] = {
                                  dict(_DEEPSEEK, index_n_heads=32, index_head_dim=32, index_topk=4),
                                  "deepseek", "deepseek3.2", "deepseek3.2-671b"),
     "gpt_oss": TinyModelSpec("GptOssConfig", "GptOssForCausalLM", _GPT_OSS, "gpt_oss", "gpt-oss", "gpt-oss-20b"),
+    "deepseek4": TinyModelSpec("DeepseekV4Config", "DeepseekV4ForCausalLM", _DEEPSEEK4, "deepseek4", "deepseek4-284b",
+                               "deepseek4-284b", hub_layout=deepseek4_hub_layout, hub_config=deepseek4_hub_config,
+                               seq_len=256, unit_scale=_DEEPSEEK4_UNIT_SCALE),
     # Scout-like: every layer MoE, q/k L2 norms, MaxText's llama3 rope scaling.
     "llama4_16e": TinyModelSpec(
         "Llama4TextConfig", "Llama4ForCausalLM",
@@ -351,6 +420,12 @@ TINY_MODELS: dict[str, TinyModelSpec] = {
              vocab_size_per_layer_input=512),
         "gemma4_small", "gemma4-e4b", "gemma4-e4b", scans=(False,), norms_near_zero=_GEMMA4_QK_NORMS),
 }
+# DeepSeek-V4-Flash as the hub ships it: FP8 with power-of-two E8M0 `.scale` grids in 48x40 blocks (partial last
+# blocks on nearly every axis: 256, 48, 64, 96, 128 against 48 and 40), routed experts packed FP4 (two e2m1 values
+# per I8 byte, a scale per 32), the hub's BF16 and F32 tensors as it stores them.
+TINY_MODELS["deepseek4_fp8"] = dataclasses.replace(
+    TINY_MODELS["deepseek4"], fp8=Fp8Shipping("DEEPSEEK4_FP8_WEIGHTS", (48, 40), "float8_e8m0fnu",
+                                              quantizer="quantize_deepseek4"))
 
 
 def config_json(name: str) -> dict[str, Any]:
@@ -360,30 +435,42 @@ def config_json(name: str) -> dict[str, Any]:
 
   spec = TINY_MODELS[name]
   config = getattr(transformers, spec.config_class)(**spec.config)
+  if spec.hub_config:  # The full config: the hub's keys derive from fields a diff would leave out.
+    return spec.hub_config(dict(json.loads(config.to_json_string(use_diff=False)), architectures=[spec.model_class]))
   return dict(json.loads(config.to_json_string(use_diff=True)), architectures=[spec.model_class])
 
 
-def randomize_parameters(model: Any, seed: int, norms_near_zero: str = "") -> None:
+def randomize_parameters(model: Any, seed: int, norms_near_zero: str = "", unit_scale: str = "") -> None:
   """Weights ~ N(0, 0.05^2); 1-D norm scales ~ 1 + N(0, 0.2^2), or N(0, 0.2^2) for those `norms_near_zero`
-  matches; DeepSeek's routing bias ~ N(0, 0.3^2), large enough to change which experts are chosen.
-  Saved buffers are randomized like parameters."""
+  matches; those `unit_scale` matches ~ N(0, 1); DeepSeek's routing bias ~ N(0, 0.3^2), large enough to change
+  which experts are chosen. Saved buffers are randomized like parameters; DeepSeek V4's hash table `tid2eid` holds
+  distinct random experts per token."""
   import re  # pylint: disable=g-import-not-at-top
   import torch  # pylint: disable=g-import-not-at-top
 
   generator = torch.Generator().manual_seed(seed)
   tensors = dict(model.named_parameters())
+  tables = {}
   for module_name, module in model.named_modules():
     saved = set(module.state_dict(keep_vars=True))  # Persistent buffers only, not rotary caches.
     for name, buffer in module.named_buffers(recurse=False):
       if name in saved and buffer.is_floating_point():
         tensors[f"{module_name}.{name}" if module_name else name] = buffer
+      elif name == "tid2eid":  # DeepSeek V4's hash routing: k distinct experts per token id.
+        tables[f"{module_name}.{name}"] = buffer
   with torch.no_grad():
+    for name, table in sorted(tables.items()):
+      experts = model.config.n_routed_experts
+      order = torch.argsort(torch.rand(table.shape[0], experts, generator=generator), dim=1)
+      table.copy_(order[:, : table.shape[1]])
     for name, tensor in sorted(tensors.items()):
       noise = torch.randn(tensor.shape, generator=generator, dtype=torch.float32)
       if name.endswith("e_score_correction_bias"):
         tensor.copy_(0.3 * noise)
       elif norms_near_zero and re.match(norms_near_zero, name):
         tensor.copy_(0.2 * noise)
+      elif unit_scale and re.match(unit_scale, name):
+        tensor.copy_(noise)
       elif tensor.ndim == 1 and "norm" in name:
         tensor.copy_(1.0 + 0.2 * noise)
       else:
@@ -405,7 +492,7 @@ def build_tiny_model(
   config = getattr(transformers, spec.config_class)(**{**spec.config, **config_overrides})
   torch.manual_seed(seed)
   model = getattr(transformers, spec.model_class)(config).to(torch.float32)
-  randomize_parameters(model, seed, spec.norms_near_zero)
+  randomize_parameters(model, seed, spec.norms_near_zero, spec.unit_scale)
   if round_embeddings_to_bf16:
     with torch.no_grad():
       for table in (model.get_input_embeddings(), model.get_output_embeddings()):
@@ -415,6 +502,8 @@ def build_tiny_model(
   kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
   if spec.fp8 is None:
     model.save_pretrained(output_dir, **kwargs)
+    if spec.hub_layout:
+      spec.hub_layout(output_dir)
     return output_dir
   import tempfile  # pylint: disable=g-import-not-at-top
   import ml_dtypes  # pylint: disable=g-import-not-at-top
@@ -423,6 +512,8 @@ def build_tiny_model(
 
   with tempfile.TemporaryDirectory() as plain:
     model.save_pretrained(plain, **kwargs)
-    scale_dtype = ml_dtypes.bfloat16 if spec.fp8.scale_dtype == "bfloat16" else np.dtype(spec.fp8.scale_dtype)
-    return quantize.quantize_fp8(plain, output_dir, spec.fp8.block, getattr(quantize, spec.fp8.weights).match,
-                                 scale_dtype)
+    if spec.hub_layout:
+      spec.hub_layout(plain)
+    scale_dtype = np.dtype(getattr(ml_dtypes, spec.fp8.scale_dtype, spec.fp8.scale_dtype))
+    return getattr(quantize, spec.fp8.quantizer)(plain, output_dir, spec.fp8.block,
+                                                 getattr(quantize, spec.fp8.weights).match, scale_dtype)

@@ -104,11 +104,15 @@ def dequantize_fp8_leaves(node: Any) -> Any:
   each axis; the scale leaves dropped."""
   if not isinstance(node, dict):
     return node
+
+  def fp8(key: str) -> bool:  # Not every `x` beside an `x_scale` is FP8 (DeepSeek V4's mHC pre_alpha).
+    return key in node and not isinstance(node[key], dict) and np.dtype(node[key].dtype).itemsize == 1
+
   out = {}
   for key, value in node.items():
-    if key.endswith("_scale") and key[: -len("_scale")] in node:
+    if key.endswith("_scale") and fp8(key[: -len("_scale")]):
       continue
-    scale = node.get(f"{key}_scale")
+    scale = node.get(f"{key}_scale") if fp8(key) else None
     if scale is not None:
       value, scale = np.asarray(value).astype(np.float32), np.asarray(scale, np.float32)
       interleaved = tuple(x for s, d in zip(scale.shape, value.shape) for x in (s, d // s))

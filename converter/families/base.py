@@ -43,6 +43,16 @@ class Param:
   layer_stride: int = 1  # MaxText layer i reads HF layer i * layer_stride + layer_offset (Gemma2 pairs).
   layer_offset: int = 0
   leaf_slot: Op | None = None  # An ops.Slot: where this param's value goes in a leaf it shares with others.
+  # A leaf HF has no tensor for, every element this value (`hf` empty, `hf_shape` the per-layer leaf's): MaxText
+  # learns a weight HF fixes (DeepSeek V4's mHC norm scales, ones). The other direction checks it holds the value.
+  constant: float | None = None
+  # MaxText's logical axes of one layer's value where converter/logical_axes.py's table, keyed by the leaf's path,
+  # would name them otherwise (DeepSeek V4's wq_a: q_lora, where V3's is q_lora_up_proj).
+  logical_axes: tuple[str | None, ...] | None = None
+  # Stored in float32 by the checkpoint and computed in float32 by MaxText: kept float32 under a narrower
+  # --save_dtype (DeepSeek V4's mHC mixers, sinks, position biases and gate bias: tiny, and rounding them to
+  # bfloat16 moved a tiny model's logits by 1.6).
+  keep_float32: bool = False
 
   def hf_layer(self, layer: int) -> int:
     return layer * self.layer_stride + self.layer_offset
@@ -77,6 +87,7 @@ class LayerGroup:
   layers: tuple[int, ...] | tuple[tuple[int, ...], ...]
   stacked: bool
   params: tuple[Param | Alternatives, ...]
+  axis_names: tuple[str, ...] = ()  # MaxText's names of the stacking axes, where not the default (DeepSeek V4).
 
   def resolved(self, stored: Callable[[str], Shape | None] | None = None) -> LayerGroup:
     """The group with each `Alternatives` replaced by its first form whose HF tensors the checkpoint stores, at the
@@ -109,9 +120,11 @@ class LayerGroup:
   @property
   def stacking_names(self) -> tuple[str, ...]:
     """MaxText's logical names of the stacking axes: `layers` (blocks: `layers`, `local_layers`); DeepSeek's
-    dense and MoE layer collections name their own."""
+    dense and MoE layer collections name their own; `axis_names` where the family names them."""
     if self.nested:
       return ("layers", "local_layers")
+    if self.axis_names:
+      return self.axis_names
     return (self.path[-1],) if self.path[-1] in ("dense_layers", "moe_layers") else ("layers",)
 
   @property

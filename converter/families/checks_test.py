@@ -433,6 +433,81 @@ class ChecksTest(parameterized.TestCase):
       self.assertTrue(any(re.match(pattern, name) and reason for pattern, reason in ignored.items()), name)
     self.assertFalse(any(re.match(p, "thinker.model.layers.0.mlp.gate.weight") for p in ignored))
 
+  # DeepSeek V4: the hub's config keys (the tiny row's config.json) and transformers' alike.
+  def _transformers_form(self, **changes) -> families.ResolvedModel:
+    import transformers  # pylint: disable=g-import-not-at-top
+
+    spec = tiny_models.TINY_MODELS["deepseek4"]
+    raw = transformers.DeepseekV4Config(**{**spec.config, **changes}).to_dict()
+    return families.resolve(parse_model_config(dict(raw, architectures=[spec.model_class]), "config.json"))
+
+  def test_deepseek4_converts_with_the_shared_expert_clamp_warning_alone(self):
+    warnings = _resolve("deepseek4").warnings()
+    self.assertLen(warnings, 1, warnings)
+    self.assertIn("clamps the routed experts only", warnings[0])
+
+  def test_deepseek4_hub_and_transformers_config_styles_agree(self):
+    hub, saved = _resolve("deepseek4"), self._transformers_form()
+    self.assertEqual(hub.runtime.config.overrides(), saved.runtime.config.overrides())
+    for scan in (True, False):
+      self.assertEqual(hub.layout(509, scan), saved.layout(509, scan))
+    self.assertEqual(hub.runtime.config.compress_ratios, (0, 0, 4, 128, 4, 128, 4))
+    self.assertEqual((hub.runtime.config.rope_max_timescale, hub.runtime.config.compressed_rope_max_timescale,
+                      hub.runtime.config.qk_rope_head_dim, hub.runtime.config.first_num_hash_layers),
+                     (20000.0, 80000.0, 16, 3))
+
+  @parameterized.named_parameters(
+      ("hub_yarn_on_compressed_layers", {"rope_scaling": {"type": "yarn", "factor": 16, "beta_fast": 32,
+                                                          "beta_slow": 1,
+                                                          "original_max_position_embeddings": 65536}},
+       "rope_scaling asks for yarn rope scaling on the compressed layers"),
+      ("hc_eps", {"hc_eps": 1e-5}, "hc_eps=1e-05"),
+      ("head_norm_eps", {"rms_norm_eps": 1e-5}, "head norm hard-codes"),
+      ("scoring_func", {"scoring_func": "sigmoid"}, "sqrtsoftplus"),
+  )
+  def test_deepseek4_one_precise_warning(self, changes, text):
+    warnings = _resolve("deepseek4", **changes).warnings()
+    self.assertLen([w for w in warnings if text in w], 1, warnings)
+
+  def test_deepseek4_transformers_yarn_names_its_key(self):
+    yarn = {"rope_type": "yarn", "factor": 16.0, "original_max_position_embeddings": 65536, "beta_fast": 32.0,
+            "beta_slow": 1.0, "rope_theta": 80000.0, "partial_rotary_factor": 0.25}
+    model = self._transformers_form(rope_parameters={
+        "main": {"rope_type": "default", "rope_theta": 20000.0, "partial_rotary_factor": 0.25}, "compress": yarn})
+    self.assertLen([w for w in model.warnings() if "rope_parameters asks for yarn" in w], 1, model.warnings())
+
+  @parameterized.named_parameters(
+      ("odd_remainder", {"num_hidden_layers": 6, "compress_ratios": [0, 0, 4, 128, 4, 128]}, True,
+       r"compress_ratios gives the layers after the first 3 \(num_hash_layers\) the ratios \[128, 4, 128\]"),
+      ("pairs_not_128_then_4", {"compress_ratios": [0, 0, 4, 4, 128, 4, 128]}, True, "--scan_layers=false"),
+      ("ratio_below_4", {"compress_ratios": [0, 0, 4, 128, 4, 128, 2]}, False, "0 \\(sliding window\\), 4"),
+      ("too_few_ratios", {"compress_ratios": [0, 0, 4]}, False, "3 entries for 7 layers"),
+      ("several_kv_heads", {"num_key_value_heads": 2}, False, "one shared key/value head"),
+  )
+  def test_deepseek4_refused_with_the_reason(self, changes, scan, text):
+    with self.assertRaisesRegex(ConversionError, text):
+      model = _resolve("deepseek4", **changes)
+      model.warnings()
+      model.layout(509, scan)
+
+  def test_deepseek4_scans_any_ratios_unscanned_only(self):
+    model = _resolve("deepseek4", compress_ratios=[128, 4, 0, 0, 128, 4, 0])
+    self.assertLen(model.layout(509, False).groups, 7)
+    with self.assertRaisesRegex(ConversionError, "compress_ratios"):
+      model.layout(509, True)
+
+  def test_deepseek4_transformers_layer_kinds_refused_with_the_reason(self):
+    with self.assertRaisesRegex(ConversionError, "compress_rates.*CSA exactly when its ratio is 4"):
+      self._transformers_form(compress_rates={"compressed_sparse_attention": 8,
+                                              "heavily_compressed_attention": 128})
+    with self.assertRaisesRegex(ConversionError, "mlp_layer_types.*hash-routed layers after top-k ones"):
+      self._transformers_form(mlp_layer_types=["hash_moe", "moe", "hash_moe"] + ["moe"] * 4)
+
+  def test_deepseek4_skips_the_mtp_block(self):
+    ignored = _resolve("deepseek4").ignored_tensors()
+    self.assertTrue(any(re.match(p, "mtp.0.e_proj.weight") and r for p, r in ignored.items()))
+    self.assertFalse(any(re.match(p, "layers.0.ffn.gate.weight") for p in ignored))
+
 
 if __name__ == "__main__":
   absltest.main()

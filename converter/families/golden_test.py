@@ -67,7 +67,7 @@ def _hf_tensors(model: families.ResolvedModel, scan_layers: bool) -> dict[str, H
     tensors[param.hf] = HeaderOnlyTensor(param.hf, tuple(param.hf_shape))
   for group in layout.groups:
     group = group.resolved()
-    for param in group.params:
+    for param in (p for p in group.params if p.constant is None):
       for _, layer in group.positions():
         for expert in range(param.experts) if param.experts and not param.experts_in_tensor else [None]:
           name = param.hf.format(layer=param.hf_layer(layer), expert=expert)
@@ -85,7 +85,8 @@ def describe(model_name: str) -> str:
     lines.append(f"## scan_layers={str(scan_layers).lower()}")
     lines.append("overrides: " + json.dumps(plan.runtime.config.overrides(), sort_keys=True))
     for leaf in plan.leaves:
-      sources = leaf.sources[0] + (f" (+{len(leaf.sources) - 1})" if len(leaf.sources) > 1 else "")
+      sources = (leaf.sources[0] + (f" (+{len(leaf.sources) - 1})" if len(leaf.sources) > 1 else "")
+                 if leaf.sources else "(no HF tensor: a constant)")
       lines.append(f"{leaf.name} {leaf.shape} <- {sources}")
   return "\n".join(lines) + "\n"
 

@@ -83,6 +83,14 @@ class MaxTextConfig:
   indexer_n_heads: int | None = None
   indexer_head_dim: int | None = None
   indexer_topk: int | None = None
+  # DeepSeek V4: grouped low-rank output projection, mHC streams, hash-routed first layers, compressed attention.
+  o_groups: int | None = None
+  o_lora_rank: int | None = None
+  mhc_expansion_rate: int | None = None
+  sinkhorn_iterations: int | None = None
+  first_num_hash_layers: int | None = None
+  compress_ratios: tuple[int, ...] | None = None
+  compressed_rope_max_timescale: float | None = None
   use_multimodal: bool | None = None
   use_audio: bool | None = None
   # The towers' keys (`*_for_vit`, `*_for_audio`, ...: converter/families/base.Towers), emitted after the rest.

@@ -2,7 +2,7 @@
 and what the reverse direction, the validator and a resumed run read back from it: one writer, one reader.
 
   {"scan_layers": bool, "hf2maxtext": {"family", "target_model", "hf_architecture", "save_dtype", "quant_method",
-   "fp8", "maxtext_overrides", "hf_config", "chunking", "logical_axes"}}
+   "fp8", "maxtext_overrides", "hf_config", "chunking", "logical_axes", "lora_adapter"}}
 
 `scan_layers` sits at the top level because MaxText's own trainer records it there too; a checkpoint MaxText wrote
 has it and no `hf2maxtext` entry.
@@ -17,6 +17,7 @@ from typing import Any
 from converter import storage
 from converter.errors import ConversionError
 from converter.output import layout
+from converter.sources.lora import LoraMergedSource
 
 KEY = "hf2maxtext"
 
@@ -36,6 +37,9 @@ class ConversionRecord:
   hf_config: Any = None  # The original config.json, verbatim: --direction=to_huggingface writes it back.
   chunking: dict[str, Any] | None = None  # The rule the stored chunks were cut by (converter/chunking.py).
   logical_axes: dict[str, list[str | None] | None] | None = None  # Every leaf's MaxText logical axes (None: none).
+  # --lora_adapter_path: the adapter merged in (path, sha256 of its safetensors, r, alpha, rslora, patterns, and
+  # every module with its rank, alpha, scale and the base tensor it went into).
+  lora_adapter: dict[str, Any] | None = None
 
   @classmethod
   def of_plan(cls, plan: Any, overrides: dict[str, Any]) -> ConversionRecord:
@@ -53,6 +57,8 @@ class ConversionRecord:
         chunking=plan.chunking.record(),
         logical_axes={leaf.name: None if leaf.logical_axes is None else list(leaf.logical_axes)
                       for leaf in plan.leaves},
+        lora_adapter=(plan.source.adapter.record(plan.source.merged)
+                      if isinstance(plan.source, LoraMergedSource) else None),
     )
 
   def custom_metadata(self) -> dict[str, Any]:
@@ -63,7 +69,7 @@ class ConversionRecord:
   @classmethod
   def read(cls, items_path: str) -> ConversionRecord:
     """The record of the checkpoint at `items_path` (OUT/0/items); empty fields where it records nothing."""
-    custom = _custom_metadata(items_path)
+    custom = step_custom_metadata(items_path)
     entry = custom.get(KEY)
     entry = entry if isinstance(entry, dict) else {}
     known = {f.name for f in dataclasses.fields(cls)} - {"scan_layers"}
@@ -72,7 +78,7 @@ class ConversionRecord:
                **{k: v for k, v in entry.items() if k in known})
 
 
-def _custom_metadata(items_path: str) -> dict[str, Any]:
+def step_custom_metadata(items_path: str) -> dict[str, Any]:
   """custom_metadata of the step's _CHECKPOINT_METADATA ({} when the file or the entry is absent)."""
   path = layout.metadata_path(items_path)
   if not storage.exists(path):

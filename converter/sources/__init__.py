@@ -1,7 +1,8 @@
 """Tensor sources: a checkpoint's tensors by name, read region by region as floating arrays.
 
 `open_source` picks the source from `quantization_config.quant_method` in config.json: none for plain
-safetensors, `fp8` (block-scaled FP8) or `mxfp4`. Any family reads any of them the same way.
+safetensors, `fp8` (block-scaled FP8, with DeepSeek V4's packed FP4 experts where `expert_dtype` says so) or
+`mxfp4`. Any family reads any of them the same way.
 """
 
 from __future__ import annotations
@@ -19,13 +20,36 @@ QUANTIZED_SOURCES: Mapping[str, Callable[[SafetensorsSource, Mapping[str, Any], 
 }
 
 
+def _scope(config: Mapping[str, Any]) -> Mapping[str, Any] | None:
+  """The config section holding `quantization_config` (the config, or its `text_config`), or None."""
+  for scope in (config, config.get("text_config") or {}):
+    if isinstance(scope, Mapping) and scope.get("quantization_config"):
+      return scope
+  return None
+
+
 def quant_method(config: Mapping[str, Any]) -> str | None:
   """config.json's `quantization_config.quant_method` (also under `text_config`), or None."""
-  for scope in (config, config.get("text_config") or {}):
-    quantization = scope.get("quantization_config") if isinstance(scope, Mapping) else None
-    if quantization:
-      return str(quantization.get("quant_method", "")) if isinstance(quantization, Mapping) else repr(quantization)
-  return None
+  scope = _scope(config)
+  if scope is None:
+    return None
+  quantization = scope["quantization_config"]
+  return str(quantization.get("quant_method", "")) if isinstance(quantization, Mapping) else repr(quantization)
+
+
+def quantization_config(config: Mapping[str, Any], config_path: str) -> Mapping[str, Any]:
+  """`quantization_config` with DeepSeek V4's `expert_dtype` in it: the hub's config.json has it beside
+  quantization_config, transformers 5.24 moves it inside; both forms read the same."""
+  scope = _scope(config)
+  quantization = dict(scope["quantization_config"])
+  key = fp8.EXPERT_DTYPE
+  outside = scope.get(key)
+  if outside is not None:
+    if quantization.get(key, outside) != outside:
+      raise ConversionError(f"{config_path}: {key} is {outside!r} but quantization_config.{key} is"
+                            f" {quantization[key]!r}")
+    quantization[key] = outside
+  return quantization
 
 
 def check_quantization(config: Mapping[str, Any], config_path: str) -> None:
@@ -45,10 +69,9 @@ def open_source(directory: str, config: Mapping[str, Any], config_path: str) -> 
   method = quant_method(config)
   if method is None:
     return plain
-  scope = config if config.get("quantization_config") else config["text_config"]
-  return QUANTIZED_SOURCES[method](plain, scope["quantization_config"], config_path)
+  return QUANTIZED_SOURCES[method](plain, quantization_config(config, config_path), config_path)
 
 
 __all__ = ["FLOATING", "QUANTIZED_SOURCES", "Region", "SAFETENSORS_DTYPES", "SafetensorsSource", "SourceTensor",
            "TensorInfo", "TensorSource", "check_quantization", "open_safetensors", "open_source", "quant_method",
-           "region_shape"]
+           "quantization_config", "region_shape"]

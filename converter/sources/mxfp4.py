@@ -20,16 +20,13 @@ import numpy as np
 from converter.arrays import transpose_last_two
 from converter.errors import ConversionError
 from converter.sources.base import QuantizedSource, Region, SourceTensor, as_slices, squeeze_ints
+from converter.sources.fp4 import GROUP, PAIRS
 from converter.sources.safetensors import SafetensorsSource, TensorInfo
 
 QUANT_METHOD = "mxfp4"
 BLOCKS_SUFFIX = "_blocks"
 SCALES_SUFFIX = "_scales"
-GROUP = 32  # Values per scale.
 _OUT_ROWS = 256  # Stored rows unpacked at a time: 256 x 2880 float32 values (3 MB) for GPT-OSS.
-_E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0], np.float32)
-# Both values of every byte: element 2k is the low nibble, 2k + 1 the high one.
-_PAIRS = np.stack([_E2M1[np.arange(256) & 0x0F], _E2M1[np.arange(256) >> 4]], axis=-1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,7 +71,7 @@ class Mxfp4Tensor:
       stop = min(start + _OUT_ROWS, cols.stop)
       packed = self.blocks.read(None, (*lead, slice(start, stop), groups))
       exponents = self.scales.read(None, (*lead, slice(start, stop), groups)).astype(np.int32) - 127
-      values = _PAIRS[packed].reshape(packed.shape[:-1] + (GROUP,))  # (..., out, groups, 32)
+      values = PAIRS[packed].reshape(packed.shape[:-1] + (GROUP,))  # (..., out, groups, 32)
       values = np.ldexp(values, exponents[..., None]).reshape(packed.shape[:-2] + (-1,))
       values = values[..., first : first + rows.stop - rows.start]
       out[..., start - cols.start : stop - cols.start] = transpose_last_two(values)

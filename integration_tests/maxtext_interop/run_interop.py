@@ -65,6 +65,10 @@ flags.DEFINE_list("multiprocess_families", ["qwen3", "qwen3_moe"], "Tiny models 
 flags.DEFINE_list("target_mesh_families", ["qwen3_moe"], "Tiny models also converted with --target_mesh (chunks"
                   " stored inside the write blocks at that mesh's shards; scan on) and loaded by MaxText the same way.")
 flags.DEFINE_string("target_mesh", "fsdp=4,tensor=2,expert=2", "The --target_mesh of those cases.")
+flags.DEFINE_list("lora_families", ["qwen3"], "Tiny models also converted with a random PEFT LoRA adapter merged"
+                  " (--lora_adapter_path; scan on), against transformers' logits with peft's merge of it; and given"
+                  " MaxText's own LoRA (maxtext_lora.py), whose saved factors, exported as a PEFT adapter"
+                  " (--export=lora_adapter), must give MaxText's LoRA logits in peft.")
 flags.DEFINE_integer("jobs", 2, "Cases (convert + MaxText forward) run at once.")
 flags.DEFINE_integer("case_timeout_s", 600, "Timeout for each subprocess.")
 flags.DEFINE_string("work_dir", None, "Where models, checkpoints and logs go (default: a temporary directory).")
@@ -73,6 +77,7 @@ flags.DEFINE_string("results_page", None, "Also write the multimodal rows' figur
                     " docs/multimodal-results.md): what docs/multimodal.md quotes.")
 
 HARNESS = os.path.join(ROOT, "integration_tests", "maxtext_interop", "maxtext_logits.py")
+LORA_HARNESS = os.path.join(ROOT, "integration_tests", "maxtext_interop", "maxtext_lora.py")
 CONVERTER = os.path.join(ROOT, "converter", "main.py")
 
 
@@ -95,6 +100,9 @@ class Case:
   shipped_floor: float = 0.0
   shipped_diff: float = float("nan")  # As shipped, where the check holds the aligned forward to --atol.
   converter_flags: tuple[str, ...] = ()  # Beyond the row's own (--target_mesh cases).
+  # MaxText's own LoRA (maxtext_lora.py) on the converted checkpoint, its saved factors exported as a PEFT adapter
+  # (--export=lora_adapter): the reference is then transformers with that adapter in peft.
+  lora_export: bool = False
 
   @property
   def passed(self) -> bool:
@@ -215,8 +223,11 @@ def run_case(case: Case) -> Case:
     inputs = ([f"--inputs={case.ids_path}"] + ([f"--align={','.join(case.align)}", f"--aligned_output={aligned_path}"]
                                                if case.align else [])
               if case.multimodal else [f"--token_ids={case.ids_path}"])
-    rc = _run_maxtext([f"--checkpoint={os.path.join(out_dir, '0', 'items')}", f"--model_name={case.maxtext_model}",
-                       f"--overrides=@{overrides_path}", *inputs, f"--output={logits_path}"], log)
+    if case.lora_export:
+      rc = _maxtext_lora_export(case, out_dir, overrides_path, logits_path, log)
+    else:
+      rc = _run_maxtext([f"--checkpoint={os.path.join(out_dir, '0', 'items')}", f"--model_name={case.maxtext_model}",
+                         f"--overrides=@{overrides_path}", *inputs, f"--output={logits_path}"], log)
     if rc != 0:
       why = {3: "parameter tree differs from MaxText's", 124: "timed out"}.get(rc, f"maxtext_logits.py exited {rc}")
       case.error = f"{why}:\n{_tail(log, 40 if rc == 3 else 15)}"
@@ -252,6 +263,27 @@ def run_case(case: Case) -> Case:
     return case
   finally:
     case.seconds = time.monotonic() - start
+
+
+def _maxtext_lora_export(case: Case, out_dir: str, overrides_path: str, logits_path: str, log: str) -> int:
+  """MaxText's LoRA on the checkpoint (random factors, saved by MaxText's own checkpointing, its logits to
+  `logits_path`), exported by the converter as a PEFT adapter; `case.reference` becomes peft's logits with it."""
+  from tools import lora_adapters, validate_lib  # pylint: disable=g-import-not-at-top
+
+  lora_dir, adapter = os.path.join(case.work, "maxtext_lora"), os.path.join(case.work, "peft_adapter")
+  rc = _run([FLAGS.maxtext_python, LORA_HARNESS, f"--checkpoint={os.path.join(out_dir, '0', 'items')}",
+             f"--model_name={case.maxtext_model}", f"--overrides=@{overrides_path}", f"--token_ids={case.ids_path}",
+             f"--output={logits_path}", f"--lora_output={lora_dir}"], log, _maxtext_env())
+  if rc == 0:
+    rc = _run([sys.executable, CONVERTER, "--direction=to_huggingface", "--export=lora_adapter",
+               f"--checkpoint_path={os.path.join(lora_dir, '0', 'items')}", f"--hf_config_path={case.hf_dir}",
+               f"--output_dir={adapter}"], os.path.join(case.work, "export.log"), _converter_env())
+  if rc == 0:
+    base = case.reference
+    case.reference = lora_adapters.merged_logits(case.hf_dir, adapter, np.load(case.ids_path), merge=False)
+    if validate_lib.compare_logits(case.reference, base)[0] < 0.1:
+      raise RuntimeError("the LoRA factors do not move the logits: the check could not tell a dropped adapter")
+  return rc
 
 
 def _run_processes(command: list[str], count: int, log: str) -> int:
@@ -341,7 +373,10 @@ def main(argv: list[str]) -> int:
     with lock:
       diff = "-" if np.isnan(case.max_diff) else f"{case.max_diff:.2e}"
       agree = "-" if np.isnan(case.argmax) else f"{case.argmax:.1%}"
-      model = case.model + (f" x{case.processes}" if case.processes > 1 else "") + (" mesh" if case.converter_flags else "")
+      model = case.model + (f" x{case.processes}" if case.processes > 1 else "") + "".join(
+          f" {label}" for prefix, label in (("--target_mesh", "mesh"), ("--lora_adapter_path", "lora"))
+          if any(flag.startswith(prefix) for flag in case.converter_flags))
+      model += " lora->peft" if case.lora_export else ""
       shipped = "" if np.isnan(case.shipped_diff) else f"  (as shipped {case.shipped_diff:.2e}, floor {case.shipped_floor:g})"
       print(f"{model:<20} {case.maxtext_model:<17} {'on' if case.scan else 'off':<4} {diff:>10} {agree:>8}"
             f"  {case.seconds:5.0f}  {'PASS' if case.passed else 'FAIL'}{shipped}", flush=True)
@@ -365,7 +400,8 @@ def main(argv: list[str]) -> int:
           mm_case.save(ids_path)
           reference, align = mm_case.reference.astype(np.float32), tuple(mm_case.align)
         else:
-          ids = validate_lib.token_ids(load_model_config(hf_dir).vocab_size, FLAGS.batch, FLAGS.seq_len, FLAGS.seed)
+          ids = validate_lib.token_ids(load_model_config(hf_dir).vocab_size, FLAGS.batch, spec.seq_len or FLAGS.seq_len,
+                                       FLAGS.seed)
           ids_path = os.path.join(model_dir, "token_ids.npy")
           np.save(ids_path, ids)
           reference = validate_lib.reference_logits(hf_dir, ids).astype(np.float32)
@@ -394,6 +430,17 @@ def main(argv: list[str]) -> int:
                     os.path.join(model_dir, work), **variant)
         cases.append(case)
         futures.append(pool.submit(lambda c: report(run_case(c)) or c, case))
+      if name in FLAGS.lora_families and True in scans and True in spec.scans and not spec.inputs:
+        from tools import lora_adapters  # pylint: disable=g-import-not-at-top
+
+        adapter = lora_adapters.make_adapter(hf_dir, os.path.join(model_dir, "lora_adapter"))
+        lora_reference = lora_adapters.merged_logits(hf_dir, adapter, np.load(ids_path)).astype(np.float32)
+        for case in (Case(name, tiny_models.TINY_MODELS[name].maxtext_model, True, hf_dir, ids_path, lora_reference,
+                          os.path.join(model_dir, "scan_on_lora"), converter_flags=(f"--lora_adapter_path={adapter}",)),
+                     Case(name, tiny_models.TINY_MODELS[name].maxtext_model, True, hf_dir, ids_path, reference,
+                          os.path.join(model_dir, "scan_on_lora_export"), lora_export=True)):
+          cases.append(case)
+          futures.append(pool.submit(lambda c: report(run_case(c)) or c, case))
     concurrent.futures.wait(futures)
   for worker in _all_workers:
     worker.close()

@@ -1,0 +1,113 @@
+"""FP4 weights: e2m1 values packed two to a byte with a power-of-two scale per 32 values, read as the floating
+tensors they encode.
+
+e2m1 (1 sign, 2 exponent, 1 mantissa bit) encodes 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives; byte k of a packed
+row holds elements 2k (low nibble) and 2k + 1 (high nibble). Two layouts ship it:
+
+- DeepSeek V4's routed experts (`quant_method: fp8` with `expert_dtype: fp4`): `X.weight` I8 (..., out, in / 2)
+  beside `X.scale` F8_E8M0 (..., out, in / 32). Unpacked, the weight is HF's own (out, in): no transpose.
+  `Fp4Tensor` below; fp8.py pairs each weight with its scale.
+- GPT-OSS's MXFP4 experts (mxfp4.py), stored (out, in) for HF's (in, out), which decode through `PAIRS` too.
+
+Every value is an e2m1 number times a power of two, so the result is exact in bfloat16 and float32 alike.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import ml_dtypes
+import numpy as np
+
+from converter.arrays import transpose_last_two
+from converter.errors import ConversionError
+from converter.sources.base import Region, as_slices, squeeze_ints
+from converter.sources.safetensors import TensorInfo
+
+GROUP = 32  # Values per scale.
+PACKED_DTYPES = ("I8", "U8")
+SCALE_DTYPE = "F8_E8M0"
+E2M1_VALUES = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0],
+                       np.float32)
+# Both values of every byte: element 2k is the low nibble, 2k + 1 the high one.
+PAIRS = np.stack([E2M1_VALUES[np.arange(256) & 0x0F], E2M1_VALUES[np.arange(256) >> 4]], axis=-1)
+_ROWS = 256  # Rows unpacked at a time: 256 x 4096 float32 values (4 MB) for a DeepSeek-V4-Flash expert's w2.
+
+
+@dataclasses.dataclass(frozen=True)
+class Fp4Tensor:
+  """A packed FP4 weight (..., out, in / 2) and its scales (..., out, in / 32), presented as (..., out, in)."""
+
+  packed: TensorInfo
+  scale: TensorInfo
+
+  @property
+  def name(self) -> str:
+    return self.packed.name
+
+  @property
+  def shape(self) -> tuple[int, ...]:
+    return (*self.packed.shape[:-1], 2 * self.packed.shape[-1])
+
+  @property
+  def dtype(self) -> np.dtype:
+    return np.dtype(ml_dtypes.bfloat16)
+
+  @property
+  def format(self) -> str:
+    return f"FP4 e2m1 ({self.packed.dtype_code} pairs x {self.scale.dtype_code} scales per {GROUP})"
+
+  @property
+  def files(self) -> tuple[str, ...]:
+    return tuple(dict.fromkeys((self.packed.path, self.scale.path)))
+
+  @property
+  def stored_names(self) -> tuple[str, ...]:
+    return (self.packed.name, self.scale.name)
+
+  def read(self, dtype: np.dtype | None = None, region: Region = (), transpose: bool = False) -> np.ndarray:
+    """Unpacks `_ROWS` rows at a time, reading only the groups of 32 the region's columns touch, so the float32
+    intermediates stay small whatever the region's size."""
+    slices = as_slices(self.shape, region)
+    slices += tuple(slice(0, d) for d in self.shape[len(slices):])
+    *lead, rows, cols = slices
+    groups = slice(cols.start // GROUP, -(-cols.stop // GROUP))
+    first = cols.start - groups.start * GROUP
+    out = np.empty(tuple(s.stop - s.start for s in slices), dtype=self.dtype if dtype is None else dtype)
+    for start in range(rows.start, rows.stop, _ROWS):
+      stop = min(start + _ROWS, rows.stop)
+      values = self._unpack(tuple(lead), slice(start, stop), groups)
+      out[..., start - rows.start : stop - rows.start, :] = values[..., first : first + cols.stop - cols.start]
+    out = squeeze_ints(out, region)  # Rounded once, to the output's dtype, above.
+    return transpose_last_two(out) if transpose else out
+
+  def _unpack(self, lead: tuple[slice, ...], rows: slice, groups: slice) -> np.ndarray:
+    """Whole groups of `rows` in float32: e2m1 values times their group's power of two (a product that is exact)."""
+    packed = self.packed.read(None, (*lead, rows, slice(groups.start * GROUP // 2, groups.stop * GROUP // 2)))
+    values = np.empty(packed.shape + (2,), np.float32)
+    # Every byte is in the table: "clip" never clips, and, unlike the default "raise", writes unbuffered (10x
+    # faster than indexing the table with the bytes).
+    np.take(PAIRS, packed.view(np.uint8), axis=0, out=values, mode="clip")
+    values = values.reshape(packed.shape[:-1] + (-1, GROUP))
+    values *= self.scale.read(np.float32, (*lead, rows, groups))[..., None]
+    return values.reshape(packed.shape[:-1] + (-1,))
+
+
+def fp4_tensor(packed: TensorInfo, scale: TensorInfo) -> Fp4Tensor:
+  """The pair as one tensor, after checking their dtypes and that the scale grid covers the packed values."""
+  if packed.dtype_code not in PACKED_DTYPES or scale.dtype_code != SCALE_DTYPE:
+    raise ConversionError(
+        f"{packed.path}: packed FP4 weight {packed.name!r} ({packed.dtype_code}) and its scale {scale.name!r}"
+        f" ({scale.dtype_code}) must be {' or '.join(PACKED_DTYPES)} and {SCALE_DTYPE}")
+  if len(packed.shape) < 2:
+    raise ConversionError(f"{packed.path}: packed FP4 weight {packed.name!r} has shape {packed.shape}; expected"
+                          " (..., out, in / 2)")
+  values = 2 * packed.shape[-1]  # Per row.
+  expected = (*packed.shape[:-1], values // GROUP)
+  if values % GROUP or scale.shape != expected:
+    needs = f"scales {expected}" if values % GROUP == 0 else f"a multiple of {GROUP}"
+    raise ConversionError(
+        f"{scale.path}: packed FP4 weight {packed.name!r} {packed.shape} (out, in / 2: two e2m1 values per byte)"
+        f" and its scale {scale.name!r} {scale.shape} (out, in / {GROUP}) do not fit: {values} values per row"
+        f" need {needs}")
+  return Fp4Tensor(packed, scale)
