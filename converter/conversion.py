@@ -1,5 +1,9 @@
 """HF to MaxText conversion as a library call: plan, then save into the output. The binary in main.py is a thin
-shell around it."""
+shell around it.
+
+Planning needs neither JAX nor Orbax (config.json and the safetensors headers alone); they are imported when a
+save starts, so a bad input fails, and a conversion starts reading its first bytes (`read_ahead`), while they
+load."""
 
 from __future__ import annotations
 
@@ -9,12 +13,11 @@ from typing import Any
 
 from absl import logging
 
-from converter import families, sources
+from converter import families, sources, storage
 from converter.errors import ConversionError
 from converter.families import ResolvedModel
 from converter.model_config import load_model_config
 from converter.options import PlanOptions, RunContext, SaveOptions
-from converter.output.maxtext import MaxTextOutput
 from converter.output.record import ConversionRecord
 from converter.plan import Plan, alias_renamer, build_plan
 from converter.sources import lora
@@ -72,14 +75,39 @@ def _check_adapter_targets_read(plan: Plan, model: ResolvedModel) -> None:
         " the adapter's change to it would be lost")
 
 
-def convert_to_maxtext(hf_model_path: str, output_dir: str, plan_options: PlanOptions = PlanOptions(),
-                       save_options: SaveOptions = SaveOptions(), run: RunContext = RunContext()) -> ConversionResult:
-  """Plans, checks and saves. A lazy save journals its blocks so that `run.resume` can finish it later.
+def read_ahead(plan: Plan, nbytes: int) -> int:
+  """Asks storage to start fetching the stored bytes of the leaves a save writes first (Orbax writes a tree's
+  leaves in key order), about `nbytes` of them, without waiting: a conversion's first reads then overlap its
+  start-up. Returns the bytes asked for."""
+  asked = 0
+  for leaf in sorted(plan.leaves, key=lambda leaf: leaf.path):
+    for tensor in leaf.loader.source_tensors():
+      for path, begin, end in tensor.byte_ranges:
+        if asked >= nbytes:
+          return asked
+        end = min(end, begin + nbytes - asked)
+        storage.read_ahead(path, begin, end)
+        asked += end - begin
+  return asked
+
+
+def save_plan(plan: Plan, output_dir: str, save_options: SaveOptions | None = None,
+              run: RunContext | None = None) -> ConversionResult:
+  """Saves `plan` (plan_conversion's) into `output_dir`. A lazy save journals its blocks so that `run.resume` can
+  finish it later.
 
   With several processes, every process runs this with the same arguments: the primary prepares the output,
   each writes its share of the blocks, and the primary commits once all have finished.
   """
-  plan = plan_conversion(hf_model_path, plan_options)
+  from converter.output.maxtext import MaxTextOutput  # pylint: disable=g-import-not-at-top  (Orbax, JAX)
+
   overrides = plan.runtime.config.overrides()
-  written = MaxTextOutput(output_dir, run).write(plan, save_options, ConversionRecord.of_plan(plan, overrides))
+  written = MaxTextOutput(output_dir, run or RunContext()).write(plan, save_options or SaveOptions(),
+                                                                 ConversionRecord.of_plan(plan, overrides))
   return ConversionResult(plan, written.items_path, overrides, written.resumed_blocks, written.written_bytes)
+
+
+def convert_to_maxtext(hf_model_path: str, output_dir: str, plan_options: PlanOptions = PlanOptions(),
+                       save_options: SaveOptions | None = None, run: RunContext | None = None) -> ConversionResult:
+  """Plans, checks and saves (`save_plan`)."""
+  return save_plan(plan_conversion(hf_model_path, plan_options), output_dir, save_options, run)

@@ -1,13 +1,17 @@
 """plan_conversion with a LoRA adapter (headers only, a sparse synthetic DeepSeek V3 FP8 checkpoint): an adapted
 FP8 weight is planned as merged, and an adapter whose target the family skips (the multi-token-prediction layer)
-or that asks for --keep_fp8 is refused before anything is written."""
+or that asks for --keep_fp8 is refused before anything is written. Planning imports neither JAX nor Orbax, and
+`read_ahead` asks for the bytes of the leaves written first."""
 
 import os
+import subprocess
+import sys
 import tempfile
+from unittest import mock
 
 from absl.testing import absltest
 
-from converter import conversion
+from converter import conversion, storage
 from converter.errors import ConversionError
 from converter.options import PlanOptions
 from converter.sources.lora import LoraMergedSource
@@ -51,6 +55,38 @@ class LoraPlanTest(absltest.TestCase):
     adapter = self._adapter("model.layers.1.self_attn.o_proj")
     with self.assertRaisesRegex(ConversionError, "--keep_fp8 keeps the FP8 kernels as stored"):
       conversion.plan_conversion(self.model, PlanOptions(keep_fp8=True, lora_adapter_path=adapter))
+
+
+class StartUpTest(absltest.TestCase):
+
+  def test_planning_imports_neither_jax_nor_orbax(self):
+    # main.py plans (and starts reading ahead) before JAX and Orbax load: importing them here would move every
+    # conversion's first read back behind them.
+    code = ("import sys; from converter import conversion; from converter.options import PlanOptions;"
+            " plan = conversion.plan_conversion('testdata/tiny-qwen3', PlanOptions());"
+            " conversion.read_ahead(plan, 1 << 20);"
+            " print(sorted(m for m in ('jax', 'orbax.checkpoint', 'tensorstore') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                            env={**os.environ, "PYTHONPATH": os.getcwd()})
+    self.assertEqual(result.stdout.strip().splitlines()[-1], "[]")
+
+  def test_read_ahead_asks_for_the_first_written_leaves_bytes_up_to_the_budget(self):
+    plan = conversion.plan_conversion("testdata/tiny-qwen3", PlanOptions())
+    first = sorted(plan.leaves, key=lambda leaf: leaf.path)
+    ranges = [r for leaf in first for t in leaf.loader.source_tensors() for r in t.byte_ranges]
+    with mock.patch.object(storage, "read_ahead") as read_ahead:
+      budget = ranges[0][2] - ranges[0][1] + 10  # The first tensor and 10 bytes of the next.
+      self.assertEqual(conversion.read_ahead(plan, budget), budget)
+    (path, begin, end), (next_path, next_begin, _) = ranges[:2]
+    self.assertEqual([c.args for c in read_ahead.call_args_list],
+                     [(path, begin, end), (next_path, next_begin, next_begin + 10)])
+
+  def test_storage_read_ahead_is_the_kernels_readahead_of_a_local_file(self):
+    with mock.patch.object(os, "posix_fadvise") as fadvise:
+      storage.read_ahead("testdata/tiny-qwen3/model.safetensors", 8, 4096)
+      storage.read_ahead("gs://bucket/model.safetensors", 8, 4096)  # Buckets: read when read.
+    ((_, offset, length, advice),) = [c.args for c in fadvise.call_args_list]
+    self.assertEqual((offset, length, advice), (8, 4088, os.POSIX_FADV_WILLNEED))
 
 
 if __name__ == "__main__":

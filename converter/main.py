@@ -24,6 +24,7 @@ from absl import app, flags, logging
 from converter import malloc
 from converter.chunking import ChunkRule, parse_mesh
 from converter.options import PlanOptions, ReverseOptions, RunContext, SaveOptions
+from converter.plan import Plan
 
 FLAGS = flags.FLAGS
 
@@ -212,8 +213,17 @@ def run() -> None:
     _start_jax(FLAGS.simulated_cpu_devices_count * FLAGS.num_processes)
     _dry_run()
   else:
+    from converter import conversion  # pylint: disable=g-import-not-at-top
+
+    start = time.monotonic()
+    plan = None
+    if not _several_processes():
+      # Planned before JAX and Orbax load (over half a second): a bad input fails at once, and the first bytes
+      # are on their way while they load. (Several processes join first and read their own shares.)
+      plan = conversion.plan_conversion(_model_path(FLAGS.hf_model_path), _plan_options())
+      conversion.read_ahead(plan, FLAGS.max_inflight_bytes)
     _start_jax(FLAGS.simulated_cpu_devices_count, distributed=True)
-    _run_to_maxtext()
+    _run_to_maxtext(plan or conversion.plan_conversion(_model_path(FLAGS.hf_model_path), _plan_options()), start)
 
 
 def _several_processes() -> bool:
@@ -230,19 +240,17 @@ def _plan_options() -> PlanOptions:
                                         target_mesh=parse_mesh(FLAGS.target_mesh) if FLAGS.target_mesh else ()))
 
 
-def _run_to_maxtext() -> None:
+def _run_to_maxtext(plan: Plan, start: float) -> None:
   from converter import conversion  # pylint: disable=g-import-not-at-top
   from converter.progress import Progress  # pylint: disable=g-import-not-at-top
 
   _start_up_done()
-  start = time.monotonic()
   progress = Progress(enabled=FLAGS.progress)
   run = _run_context(progress=progress, cancel=_cancel_on_signals())
   save_options = SaveOptions(lazy=FLAGS.lazy_load_tensors, devices=FLAGS.simulated_cpu_devices_count,
                              max_inflight_bytes=FLAGS.max_inflight_bytes, compression=FLAGS.compression == "zstd")
   try:
-    result = conversion.convert_to_maxtext(_model_path(FLAGS.hf_model_path), _resolve(FLAGS.output_dir),
-                                           _plan_options(), save_options, run)
+    result = conversion.save_plan(plan, _resolve(FLAGS.output_dir), save_options, run)
   finally:
     progress.close()
   seconds = time.monotonic() - start

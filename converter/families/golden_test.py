@@ -40,6 +40,7 @@ class HeaderOnlyTensor:
   dtype: np.dtype = np.dtype(ml_dtypes.bfloat16)
   format: str = "BF16"
   files: tuple[str, ...] = ("<header only>",)
+  byte_ranges: tuple[tuple[str, int, int], ...] = ()
 
   @property
   def stored_names(self) -> tuple[str, ...]:

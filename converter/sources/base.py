@@ -55,6 +55,10 @@ class SourceTensor(Protocol):
   def stored_names(self) -> tuple[str, ...]:
     """The stored tensors it is made of (itself, or a quantized weight and its scales)."""
 
+  @property
+  def byte_ranges(self) -> tuple[tuple[str, int, int], ...]:
+    """(file, begin, end) of every stored tensor it is made of: what a read of all of it fetches."""
+
   def read(self, dtype: np.dtype | None = None, region: Region = (), transpose: bool = False) -> np.ndarray:
     """A fresh C-contiguous array of `region`, in `dtype`; only the bytes the region needs are read.
 

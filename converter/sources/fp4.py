@@ -65,6 +65,10 @@ class Fp4Tensor:
   def stored_names(self) -> tuple[str, ...]:
     return (self.packed.name, self.scale.name)
 
+  @property
+  def byte_ranges(self) -> tuple[tuple[str, int, int], ...]:
+    return self.packed.byte_ranges + self.scale.byte_ranges
+
   def read(self, dtype: np.dtype | None = None, region: Region = (), transpose: bool = False) -> np.ndarray:
     """Unpacks `_ROWS` rows at a time, reading only the groups of 32 the region's columns touch, so the float32
     intermediates stay small whatever the region's size."""

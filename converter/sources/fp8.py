@@ -104,6 +104,10 @@ class Fp8BlockTensor:
   def stored_names(self) -> tuple[str, ...]:
     return (self.weight.name, self.scale.name)
 
+  @property
+  def byte_ranges(self) -> tuple[tuple[str, int, int], ...]:
+    return self.weight.byte_ranges + self.scale.byte_ranges
+
   def read(self, dtype: np.dtype | None = None, region: Region = (), transpose: bool = False) -> np.ndarray:
     """Dequantizes a piece of one row of blocks at a time (about `PIECE_VALUES` values) into the output, swapping
     axes as it places a piece when `transpose`: beside the output, only a few pieces' float32 temporaries live,

@@ -257,6 +257,10 @@ class LoraMergedTensor:
   def stored_names(self) -> tuple[str, ...]:
     return (*self.base.stored_names, self.lora.a.name, self.lora.b.name)
 
+  @property
+  def byte_ranges(self) -> tuple[tuple[str, int, int], ...]:
+    return self.base.byte_ranges + self.lora.a.byte_ranges + self.lora.b.byte_ranges
+
   def read(self, dtype: np.dtype | None = None, region: Region = (), transpose: bool = False) -> np.ndarray:
     """`float32(W) + (B @ A) * s` over the region, in float32, rounded once to `dtype`: a slab of about
     `SLAB_VALUES` values at a time, placed (transposed, when asked) into the output, so that the float32

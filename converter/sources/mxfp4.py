@@ -58,6 +58,10 @@ class Mxfp4Tensor:
   def stored_names(self) -> tuple[str, ...]:
     return (self.blocks.name, self.scales.name)
 
+  @property
+  def byte_ranges(self) -> tuple[tuple[str, int, int], ...]:
+    return self.blocks.byte_ranges + self.scales.byte_ranges
+
   def read(self, dtype: np.dtype | None = None, region: Region = (), transpose: bool = False) -> np.ndarray:
     """Unpacks a few stored (out) rows at a time into the transposed output, so the float32 intermediates stay
     small (`_OUT_ROWS` x in values) whatever the region's size."""

@@ -75,6 +75,10 @@ class TensorInfo:
   def stored_names(self) -> tuple[str, ...]:
     return (self.name,)
 
+  @property
+  def byte_ranges(self) -> tuple[tuple[str, int, int], ...]:
+    return ((self.path, self.begin, self.end),)
+
   def read(self, dtype: np.dtype | None = None, region: Region = (), transpose: bool = False) -> np.ndarray:
     """A private copy of `region` (leading-axis ints and slices), cast to `dtype` (no float32 round trip when the
     dtypes already match), from a memory map (local files) or one ranged request (buckets); `transpose` swaps

@@ -233,6 +233,24 @@ def read_region(path: str, begin: int, stored: np.dtype, shape: tuple[int, ...],
   return reader.read(path, begin, stored, shape, slices, span, dtype, transpose=transpose)
 
 
+def read_ahead(path: str, begin: int, end: int) -> None:
+  """Asks for bytes [begin, end) of `path` to be fetched now, in the background, for a read that comes later: the
+  kernel's readahead of a local file (nothing waits for it, nothing is kept in this process); a no-op for a
+  bucket object, whose ranged requests are made when read."""
+  if is_remote(path) or end <= begin:
+    return
+  try:
+    fd = os.open(path, os.O_RDONLY)
+  except OSError:
+    return  # Only a hint: the read itself reports a missing file, naming the tensor.
+  try:
+    os.posix_fadvise(fd, begin, end - begin, os.POSIX_FADV_WILLNEED)
+  except (OSError, AttributeError):
+    pass
+  finally:
+    os.close(fd)
+
+
 def filesystem(path: str, **options: Any):
   """gcsfs (or s3fs) for a bucket path: directory operations Orbax's epath does not offer. `version_aware=True`
   makes `PATH#GENERATION` name one generation of an object (a delete then applies only to that generation)."""
