@@ -16,7 +16,6 @@ patch and pooling sizes.
 from __future__ import annotations
 
 from converter import ops
-from converter.errors import ConversionError
 from converter.families.base import Param, Towers
 from converter.families.towers import parts
 from converter.model_config import ModelConfig
@@ -149,6 +148,4 @@ def _check(cfg: ModelConfig, v: dict, Dv: int, Hv: int, p: int, k: int, Npos: in
   token = cfg.get("image_token_id", cfg.get("image_token_index", IMAGE_TOKEN))
   if token != IMAGE_TOKEN:
     problems.append(f"image_token_id={token}: MaxText 0.2.5 hard-codes {IMAGE_TOKEN}")
-  if problems:
-    raise ConversionError(f"{cfg.path}: the vision tower cannot run in MaxText as in transformers: "
-                          + "; ".join(problems) + " (--text_only converts the text decoder alone)")
+  parts.refuse_if_any(cfg, "vision tower", problems)

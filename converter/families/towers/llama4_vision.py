@@ -13,7 +13,6 @@ gives them `normalization_layer_epsilon`, the text RMSNorms' epsilon.
 
 from __future__ import annotations
 
-from converter.errors import ConversionError
 from converter.families.base import Param, Towers
 from converter.families.towers import parts
 from converter.model_config import ModelConfig
@@ -108,6 +107,4 @@ def _check(cfg: ModelConfig, v: dict, Dv: int, Hv: int, Iv: int, t: int | list[i
   token = cfg.get("image_token_index", cfg.get("image_token_id", IMAGE_TOKEN))
   if token != IMAGE_TOKEN:
     problems.append(f"image_token_index={token}: MaxText 0.2.5 hard-codes {IMAGE_TOKEN}")
-  if problems:
-    raise ConversionError(f"{cfg.path}: the vision tower cannot run in MaxText as in transformers: "
-                          + "; ".join(problems) + " (--text_only converts the text decoder alone)")
+  parts.refuse_if_any(cfg, "vision tower", problems)

@@ -20,6 +20,14 @@ def sub_config(cfg: ModelConfig, key: str) -> Mapping[str, Any]:
   return value
 
 
+def refuse_if_any(cfg: ModelConfig, tower: str, problems: list[str]) -> None:
+  """Refuses a tower config MaxText would run differently from transformers, naming every problem found (each
+  tower's check collects them all, so that one message lists what to change)."""
+  if problems:
+    raise ConversionError(f"{cfg.path}: the {tower} cannot run in MaxText as in transformers: "
+                          + "; ".join(problems) + " (--text_only converts the text decoder alone)")
+
+
 def require(cfg: ModelConfig, sub: Mapping[str, Any], section: str, key: str, default: Any = None) -> Any:
   value = sub.get(key, default)
   if value is None:

@@ -135,6 +135,4 @@ def _check(cfg: ModelConfig, a: Mapping[str, Any], d: dict[str, int]) -> None:
   if act not in GELUS:
     problems.append(f"audio_config.activation_function={act!r}: MaxText's audio convs, MLPs and projector apply"
                     " GELU (tanh form)")
-  if problems:
-    raise ConversionError(f"{cfg.path}: the audio encoder cannot run in MaxText as in transformers: "
-                          + "; ".join(problems) + " (--text_only converts the text decoder alone)")
+  parts.refuse_if_any(cfg, "audio encoder", problems)

@@ -219,6 +219,4 @@ def _check(cfg: ModelConfig, v: Mapping[str, Any], kind: Kind, d: Dims) -> None:
     token = cfg.get(key, expected)
     if token != expected:
       problems.append(f"{key}={token}: MaxText 0.2.5 hard-codes {expected} for this model")
-  if problems:
-    raise ConversionError(f"{cfg.path}: the vision tower cannot run in MaxText as in transformers: "
-                          + "; ".join(problems) + " (--text_only converts the text decoder alone)")
+  parts.refuse_if_any(cfg, "vision tower", problems)

@@ -8,7 +8,6 @@ w + 1 as the decoder's norms). No query scale is baked in: MaxText scales by dv*
 from __future__ import annotations
 
 from converter import ops
-from converter.errors import ConversionError
 from converter.families.base import Param, Towers
 from converter.families.towers import parts
 from converter.model_config import ModelConfig
@@ -80,6 +79,4 @@ def _check(cfg: ModelConfig, v: dict, image_size: int, patch: int) -> None:
   if abs(eps - cfg.rms_norm_eps) > 1e-12:
     problems.append(f"vision_config.layer_norm_eps={eps:g} differs from the text rms_norm_eps={cfg.rms_norm_eps:g}:"
                     " MaxText uses one normalization_layer_epsilon for both")
-  if problems:
-    raise ConversionError(f"{cfg.path}: the vision tower cannot run in MaxText as in transformers: "
-                          + "; ".join(problems) + " (--text_only converts the text decoder alone)")
+  parts.refuse_if_any(cfg, "vision tower", problems)
