@@ -23,7 +23,7 @@ from tools import checkpoint_io, tiny_models, validate_lib  # pylint: disable=g-
 
 MESH = "fsdp=4,tensor=2,expert=2"
 
-THRESHOLDS = validate_lib.Thresholds(max_abs_diff=1e-4, min_cosine=0.99999, min_argmax_agreement=1.0)
+THRESHOLDS = validate_lib.Thresholds()  # The float32 bar (its defaults).
 
 
 class ChunkLayoutTest(absltest.TestCase):

@@ -23,7 +23,7 @@ CELLS = [
     dict(testcase_name=f"devices{d}_{'scan' if s else 'noscan'}_{'lazy' if l else 'eager'}", devices=d, scan=s, lazy=l)
     for d, s, l in itertools.product((1, 16), (True, False), (True, False))
 ]
-THRESHOLDS = validate_lib.Thresholds(max_abs_diff=1e-4, min_cosine=0.99999, min_argmax_agreement=1.0)
+THRESHOLDS = validate_lib.Thresholds()  # The float32 bar (its defaults).
 
 
 class ConversionMatrixTest(parameterized.TestCase):

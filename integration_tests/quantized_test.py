@@ -33,7 +33,7 @@ from tools import synthetic_checkpoint  # pylint: disable=g-import-not-at-top
 from tools.safetensors_writer import write_safetensors  # pylint: disable=g-import-not-at-top
 
 FP8_BLOCK = (48, 40)
-THRESHOLDS = validate_lib.Thresholds(max_abs_diff=1e-4, min_cosine=0.99999, min_argmax_agreement=1.0)
+THRESHOLDS = validate_lib.Thresholds()  # The float32 bar (its defaults).
 FORMATS = ("fp8", "mxfp4", "qwen3_5_fp8")
 CELLS = [dict(testcase_name=f"{fmt}_devices{d}_{'scan' if s else 'noscan'}", fmt=fmt, devices=d, scan=s)
          for fmt, d, s in itertools.product(FORMATS, (1, 16), (True, False))]

@@ -16,6 +16,9 @@ from tools import checkpoint_io, forward, quantize
 
 @dataclasses.dataclass(frozen=True)
 class Thresholds:
+  """What a conversion's logits must meet against transformers'; the defaults are the bar for a float32
+  conversion against float32 logits."""
+
   max_abs_diff: float = 1e-4
   min_cosine: float = 0.99999
   min_argmax_agreement: float = 1.0
