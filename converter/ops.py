@@ -27,12 +27,12 @@ _FLOAT32_SLAB_BYTES = 1 << 20
 
 
 def _in_float32(x: np.ndarray, apply) -> np.ndarray:
-  """`apply(float32 slab)` (in place) over `x`, slab by slab along its first axis, cast back to x's dtype; a
-  float32 `x` is changed in place (every op's input is its own fresh copy)."""
-  if x.dtype == np.float32 or x.ndim == 0:
-    y = x.astype(np.float32, copy=x.dtype != np.float32)
+  """`apply(float32 slab)` (in place on the slab, a copy) over `x`, slab by slab along its first axis, into a new
+  array of x's dtype: `x` itself is left as it is."""
+  if x.ndim == 0:
+    y = x.astype(np.float32)
     apply(y)
-    return y.astype(x.dtype, copy=False)
+    return y.astype(x.dtype)
   out = np.empty_like(x)
   step = max(1, _FLOAT32_SLAB_BYTES // max(1, 4 * math.prod(x.shape[1:])))
   for start in range(0, x.shape[0], step):

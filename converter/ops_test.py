@@ -54,7 +54,9 @@ class OpsTest(absltest.TestCase):
                           (ops.DivideInFloat32(0.3), lambda y: y / np.float32(0.3)),
                           (ops.AddInFloat32(1.0), lambda y: y + np.float32(1.0))):
         expected = formula(value.astype(np.float32)).astype(dtype)
-        self.assertEqual(op(value.copy()).tobytes(), expected.tobytes(), (op, dtype))
+        before = value.tobytes()
+        self.assertEqual(op(value).tobytes(), expected.tobytes(), (op, dtype))
+        self.assertEqual(value.tobytes(), before, (op, dtype))  # The input is not changed (a reader may cache it).
 
   def test_integer_ids_are_held_exactly_or_refused(self):
     ids = ops.IntegerIds(256)

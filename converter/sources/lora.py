@@ -282,7 +282,7 @@ class LoraMergedTensor:
         out[:, placed] = transpose_last_two(merged)
       else:
         out[placed] = merged
-    return squeeze_ints(out, region) if not transpose else out
+    return squeeze_ints(out, region)
 
 
 def _product(b: np.ndarray, a: np.ndarray) -> np.ndarray:
