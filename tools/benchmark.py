@@ -70,8 +70,8 @@ flags.DEFINE_boolean("reverse", True, "Also convert each output back to HuggingF
                      " reading the checkpoint + writing the safetensors, and zstd decompression.")
 flags.DEFINE_integer("shard_mb", 4096, "Largest safetensors shard of the synthetic checkpoint, in MiB (one tensor"
                      " larger than it gets a shard of its own).")
-flags.DEFINE_integer("lora_rank", 0, "Also convert with a LoRA adapter of this rank merged (every attention and MLP"
-                     " projection but routed experts; synthetic_checkpoint.write_lora_adapter): what the merge costs.")
+flags.DEFINE_integer("lora_rank", 0, "Also convert with a random LoRA adapter of this rank merged (every attention"
+                     " and MLP projection but routed experts): what the merge costs.")
 flags.DEFINE_list("processes", [], "Also convert with several processes (one device each, joined on 127.0.0.1):"
                   " these counts unpinned, plus 1 process pinned to core 0 against 2 pinned to cores 0 and 1.")
 flags.DEFINE_string("bucket", None, "Also convert from and to a bucket: `emulator` (fake-gcs-server on 127.0.0.1,"
@@ -750,11 +750,19 @@ def main(argv: list[str]) -> None:
   rows, native_rows, reverse_rows, lora_rows = [], [], [], []
   adapter_dir = os.path.join(FLAGS.work_dir, f"lora-r{FLAGS.lora_rank}")
   if FLAGS.lora_rank:
-    modules = synthetic_checkpoint.write_lora_adapter(input_dir, adapter_dir, FLAGS.lora_rank)
-    print(f"wrote a rank-{FLAGS.lora_rank} LoRA adapter of {modules} modules to {adapter_dir}", flush=True)
+    from converter.sources import open_safetensors  # pylint: disable=g-import-not-at-top
+    from tools import lora_adapters  # pylint: disable=g-import-not-at-top
+
+    modules = [name[: -len(".weight")] for name, tensor in sorted(open_safetensors(input_dir).tensors.items())
+               if name.endswith("_proj.weight") and ".experts." not in name and len(tensor.shape) == 2]
+    lora_adapters.write_random_adapter(input_dir, adapter_dir, tuple(modules), r=FLAGS.lora_rank,
+                                       lora_alpha=2 * FLAGS.lora_rank)
+    print(f"wrote a rank-{FLAGS.lora_rank} LoRA adapter of {len(modules)} modules to {adapter_dir}", flush=True)
   for devices in FLAGS.devices:
     walls, peaks, cpus, routes, native_runs, reverse_runs, lora_runs = [], [], [], [], [], [], []
     predicted_peak = dry_run_peak(_convert_command(input_dir, output_dir, devices), env)
+    lora_command = _convert_command(input_dir, output_dir, devices, f"--lora_adapter_path={adapter_dir}")
+    lora_predicted_peak = dry_run_peak(lora_command, env) if FLAGS.lora_rank else None
     for _ in range(FLAGS.runs):
       shutil.rmtree(output_dir, ignore_errors=True)  # Disk: input + the floor's copy must fit, not + output too.
       floors.append(in_child(io_floor, input_files, output_floor_bytes, FLAGS.work_dir))
@@ -776,9 +784,7 @@ def main(argv: list[str]) -> None:
         reverse_runs.append((reverse_wall, reverse_peak, back_bytes, reverse_cpu))
       if FLAGS.lora_rank:
         shutil.rmtree(output_dir, ignore_errors=True)
-        lora_command = _convert_command(input_dir, output_dir, devices, f"--lora_adapter_path={adapter_dir}")
-        lora_runs.append((*_run("  --lora_adapter_path", lora_command, env, cgroup), _du(output_dir),
-                          dry_run_peak(lora_command, env)))
+        lora_runs.append((*_run("  --lora_adapter_path", lora_command, env, cgroup), _du(output_dir)))
       if native:
         shutil.rmtree(output_dir, ignore_errors=True)
         native_floors.append(in_child(io_floor, input_files, input_bytes, FLAGS.work_dir))
@@ -807,7 +813,7 @@ def main(argv: list[str]) -> None:
     if reverse_runs:
       reverse_rows.append((devices, *(median(reverse_runs, k) for k in range(4))))
     if lora_runs:
-      lora_rows.append((devices, *(median(lora_runs, k) for k in range(5))))
+      lora_rows.append((devices, *(median(lora_runs, k) for k in range(4)), lora_predicted_peak))
   shutil.rmtree(output_dir, ignore_errors=True)
   io = statistics.median(floors)
   encode, decode, encode_cpu, decode_cpu = (median(codec_floors, k) for k in range(4))

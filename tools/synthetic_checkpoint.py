@@ -516,32 +516,6 @@ FAMILIES = {
 FULL_SIZE = {"deepseek4_fp4": deepseek4_config, "deepseek3_fp8": deepseek3_full_config}
 
 
-def write_lora_adapter(checkpoint_dir: str, output_dir: str, rank: int, *, seed: int = 0) -> int:
-  """A PEFT LoRA adapter of rank `rank` (lora_alpha 2 * rank) for every attention and MLP projection of the
-  checkpoint in `checkpoint_dir` (`*_proj.weight`, not routed experts), random factors in float32; returns its
-  module count. For the benchmark's merge row: what merging costs beside the plain conversion."""
-  from converter.sources import open_safetensors  # pylint: disable=g-import-not-at-top
-  from tools.safetensors_writer import write_safetensors  # pylint: disable=g-import-not-at-top
-
-  rng = np.random.default_rng(seed)
-  factors, modules = {}, set()
-  for name, tensor in sorted(open_safetensors(checkpoint_dir).tensors.items()):
-    if not name.endswith("_proj.weight") or ".experts." in name or len(tensor.shape) != 2:
-      continue
-    module = name[: -len(".weight")]
-    modules.add(module.rsplit(".", 1)[-1])
-    out_features, in_features = tensor.shape
-    factors[f"base_model.model.{module}.lora_A.weight"] = rng.standard_normal((rank, in_features), np.float32) * 0.01
-    factors[f"base_model.model.{module}.lora_B.weight"] = rng.standard_normal((out_features, rank), np.float32) * 0.01
-  os.makedirs(output_dir, exist_ok=True)
-  write_safetensors(os.path.join(output_dir, "adapter_model.safetensors"), factors)
-  with open(os.path.join(output_dir, "adapter_config.json"), "w") as f:
-    json.dump({"peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank, "target_modules": sorted(modules),
-               "bias": "none", "use_rslora": False, "use_dora": False, "fan_in_fan_out": False,
-               "modules_to_save": None}, f, indent=2)
-  return len(factors) // 2
-
-
 def write_family_checkpoint(output_dir: str, family: str, target_bytes: int, *, seed: int = 0,
                             max_shard_bytes: int = 4 << 30) -> tuple[dict, int]:
   """A synthetic `family` checkpoint of about `target_bytes` (bfloat16); returns its config and exact size."""
