@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import sys
 import threading
+import time
 from typing import Iterator
 
 from converter.errors import ConversionError
@@ -19,6 +21,8 @@ from handlers import Processes
 # A process that dies stops sending heartbeats; the coordinator then fails every other process's next barrier.
 HEARTBEAT_TIMEOUT_S = 20
 BARRIER_TIMEOUT_S = 3600  # Between two barriers a share is written: up to an hour of work on a pod host.
+COORDINATOR_WAIT_S = 300  # As long as jax.distributed.initialize's own default wait for the other processes.
+COORDINATOR_POLL_S = 0.01
 
 
 def join(*, auto: bool, coordinator_address: str | None, num_processes: int, process_id: int) -> None:
@@ -34,8 +38,29 @@ def join(*, auto: bool, coordinator_address: str | None, num_processes: int, pro
     raise ConversionError("--num_processes > 1 needs --coordinator_address (process 0's HOST:PORT)")
   if process_id >= num_processes:
     raise ConversionError(f"--process_id={process_id} is not below --num_processes={num_processes}")
+  if process_id != 0:
+    wait_for_coordinator(coordinator_address)
   jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes,
                              process_id=process_id, heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S)
+
+
+def wait_for_coordinator(address: str, timeout_s: float = COORDINATOR_WAIT_S) -> bool:
+  """Waits until process 0's coordinator accepts connections at HOST:PORT (or `timeout_s` passes; initialize
+  then reports what it finds). A process whose first connection is refused, because process 0 is still
+  importing, waits out gRPC's reconnect backoff instead: about a second of every process's start-up, idle
+  (docs/several-hosts.md). Returns whether it answered."""
+  host, _, port = address.rpartition(":")
+  if not port.isdigit():
+    return False  # Not HOST:PORT; initialize says so in its own words.
+  deadline = time.monotonic() + timeout_s
+  while True:
+    try:
+      socket.create_connection((host.strip("[]"), int(port)), timeout=1).close()
+      return True
+    except OSError:
+      if time.monotonic() >= deadline:
+        return False
+      time.sleep(COORDINATOR_POLL_S)
 
 
 GLOO_PREFIX = b"[Gloo] "

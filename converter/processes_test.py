@@ -2,7 +2,10 @@
 the arguments it is joined with, who this process is, and barriers that cost nothing alone."""
 
 import os
+import socket
 import sys
+import threading
+import time
 from unittest import mock
 
 import jax
@@ -23,6 +26,7 @@ class JoinTest(parameterized.TestCase):
     super().setUp()
     # Never joins for real: initialize would wait for a coordinator that does not exist.
     self.initialize = self.enter_context(mock.patch.object(jax.distributed, "initialize", autospec=True))
+    self.wait = self.enter_context(mock.patch.object(processes, "wait_for_coordinator", autospec=True))
 
   @parameterized.named_parameters(
       ("no_coordinator", dict(coordinator_address=None, num_processes=2, process_id=0),
@@ -44,11 +48,44 @@ class JoinTest(parameterized.TestCase):
     self.initialize.assert_called_once_with(coordinator_address="host:1234", num_processes=4, process_id=3,
                                             heartbeat_timeout_seconds=processes.HEARTBEAT_TIMEOUT_S)
     self.assertEqual(jax.config.jax_cpu_collectives_implementation, "gloo")  # CPU collectives between hosts.
+    self.wait.assert_called_once_with("host:1234")
+
+  def test_process_zero_starts_the_coordinator_without_waiting_for_it(self):
+    processes.join(auto=False, coordinator_address="host:1234", num_processes=4, process_id=0)
+    self.wait.assert_not_called()
+    self.initialize.assert_called_once()
 
   def test_auto_join_lets_jax_discover_everything(self):
     # With auto, the coordinator flags are not needed (TPU pods, SLURM) and not checked.
     processes.join(auto=True, coordinator_address=None, num_processes=1, process_id=5)
     self.initialize.assert_called_once_with(heartbeat_timeout_seconds=processes.HEARTBEAT_TIMEOUT_S)
+
+
+class WaitForCoordinatorTest(absltest.TestCase):
+
+  def test_returns_once_the_coordinator_listens(self):
+    with socket.socket() as probe:
+      probe.bind(("127.0.0.1", 0))
+      port = probe.getsockname()[1]
+    listener = socket.socket()
+    timer = threading.Timer(0.3, lambda: (listener.bind(("127.0.0.1", port)), listener.listen()))
+    timer.start()
+    try:
+      started = time.monotonic()
+      self.assertTrue(processes.wait_for_coordinator(f"127.0.0.1:{port}", timeout_s=30))
+      self.assertLess(time.monotonic() - started, 5)  # Polls: no reconnect backoff of a second or more.
+    finally:
+      timer.join()
+      listener.close()
+
+  def test_gives_up_after_the_timeout_when_nobody_listens(self):
+    with socket.socket() as probe:
+      probe.bind(("127.0.0.1", 0))
+      port = probe.getsockname()[1]
+    self.assertFalse(processes.wait_for_coordinator(f"127.0.0.1:{port}", timeout_s=0.2))
+
+  def test_an_address_without_a_port_is_left_to_initialize(self):
+    self.assertFalse(processes.wait_for_coordinator("host-without-port", timeout_s=30))
 
 
 class CurrentAndBarrierTest(absltest.TestCase):
