@@ -70,6 +70,19 @@ class StartUpTest(absltest.TestCase):
                             env={**os.environ, "PYTHONPATH": os.getcwd()})
     self.assertEqual(result.stdout.strip().splitlines()[-1], "[]")
 
+  def test_the_binary_loads_numpy_without_openblas_worker_threads(self):
+    # OpenBLAS starts a thread per core that spins before it sleeps; main.py turns it down before numpy loads.
+    def threads(code: str, **env: str) -> int:
+      environment = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+      result = subprocess.run([sys.executable, "-c", f"{code}; import os; print(len(os.listdir('/proc/self/task')))"],
+                              capture_output=True, text=True, check=True,
+                              env={**environment, "PYTHONPATH": os.getcwd(), **env})
+      return int(result.stdout.split()[-1])
+
+    self.assertEqual(threads("import converter.main"), threads("import converter.main", OPENBLAS_NUM_THREADS="1"))
+    if (os.cpu_count() or 1) > 1:  # Where OpenBLAS would start workers at all, this counts them.
+      self.assertGreater(threads("import numpy"), threads("import numpy", OPENBLAS_NUM_THREADS="1"))
+
   def test_read_ahead_asks_for_the_first_written_leaves_bytes_up_to_the_budget(self):
     plan = conversion.plan_conversion("testdata/tiny-qwen3", PlanOptions())
     first = sorted(plan.leaves, key=lambda leaf: leaf.path)

@@ -13,18 +13,25 @@ from __future__ import annotations
 import gc
 import json
 import logging as std_logging
+import os
 import resource
 import signal
 import sys
 import threading
 import time
 
+# Set before numpy loads OpenBLAS, which otherwise starts a thread per core that spins before it sleeps: 0.1
+# CPU-s of every start-up, in every process (docs/memory-and-streaming.md). The converter multiplies no matrices.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+# pylint: disable=g-import-not-at-top,g-bad-import-order
 from absl import app, flags, logging
 
 from converter import malloc
 from converter.chunking import ChunkRule, parse_mesh
 from converter.options import PlanOptions, ReverseOptions, RunContext, SaveOptions
 from converter.plan import Plan
+# pylint: enable=g-import-not-at-top,g-bad-import-order
 
 FLAGS = flags.FLAGS
 
