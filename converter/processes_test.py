@@ -18,6 +18,7 @@ from absl.testing import absltest, parameterized
 from converter import processes  # pylint: disable=g-import-not-at-top
 from converter.errors import ConversionError
 from handlers import Processes
+from tools.ports import free_port
 
 
 class JoinTest(parameterized.TestCase):
@@ -64,9 +65,7 @@ class JoinTest(parameterized.TestCase):
 class WaitForCoordinatorTest(absltest.TestCase):
 
   def test_returns_once_the_coordinator_listens(self):
-    with socket.socket() as probe:
-      probe.bind(("127.0.0.1", 0))
-      port = probe.getsockname()[1]
+    port = free_port()
     listener = socket.socket()
     timer = threading.Timer(0.3, lambda: (listener.bind(("127.0.0.1", port)), listener.listen()))
     timer.start()
@@ -79,10 +78,7 @@ class WaitForCoordinatorTest(absltest.TestCase):
       listener.close()
 
   def test_gives_up_after_the_timeout_when_nobody_listens(self):
-    with socket.socket() as probe:
-      probe.bind(("127.0.0.1", 0))
-      port = probe.getsockname()[1]
-    self.assertFalse(processes.wait_for_coordinator(f"127.0.0.1:{port}", timeout_s=0.2))
+    self.assertFalse(processes.wait_for_coordinator(f"127.0.0.1:{free_port()}", timeout_s=0.2))
 
   def test_an_address_without_a_port_is_left_to_initialize(self):
     self.assertFalse(processes.wait_for_coordinator("host-without-port", timeout_s=30))

@@ -831,8 +831,8 @@ def main(argv: list[str]) -> None:
              f" {decode:.1f} s ({decode_cpu:.1f} CPU-s); start-up"
              f" (the bundled tiny checkpoint) {start_up[0]:.2f} s ({start_up[1]:.2f} CPU-s)")
   # The floors are the work alone; the "- start-up" columns take the start-up out of the conversion too: on a
-  # checkpoint of a few GB it is a fifth of the floor, on one of a TB nothing. CPU seconds say which wall is bound by work
-  # (CPU near cores x wall: only less work per byte helps) and which by waiting (cores left idle).
+  # checkpoint of a few GB it is a fifth of the floor, on one of a TB nothing. CPU seconds say which wall is bound
+  # by work (CPU near cores x wall: only less work per byte helps) and which by waiting (cores left idle).
   table_rows = [_row(f"{FLAGS.family} -> MaxText", devices, wall, peak, out_bytes, input_bytes, io, encode, start_up,
                      cpu=(cpu, encode_cpu), predicted_peak=predicted)
                 for devices, wall, peak, out_bytes, _, cpu, predicted in rows]

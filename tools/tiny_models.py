@@ -404,8 +404,8 @@ TINY_MODELS: dict[str, TinyModelSpec] = {
         "gemma4", "gemma4-26b", "gemma4-26b", norms_near_zero=_GEMMA4_QK_NORMS, inputs="gemma4",
         shipped_floor=3.7e-2,
         # tools/forward.py's text logits against transformers': 1.38e-4 on an AMD EPYC host (the same on every run,
-        # cosine 0.9999999996, argmax 100%), under 1e-4 on Intel Xeon ones; MaxText's own forward of the same
-        # conversion, 2.5e-5 (the interop step). A wrong layout moves them by 1e-2 and more.
+        # cosine 0.9999999996, argmax 100%), under 1e-4 on Intel Xeon ones; MaxText's own forward of this tiny
+        # model, 2.5e-5 (the interop step). A wrong layout moves them by 1e-2 and more.
         logits_atol=2e-4),
     # 31B-like but with value projections on the global layers (attention_k_eq_v false).
     "gemma4_dense": TinyModelSpec("Gemma4TextConfig", "Gemma4ForCausalLM", _GEMMA4, "gemma4", "gemma4-31b",
