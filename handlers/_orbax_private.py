@@ -7,7 +7,10 @@ upstream in May 2026, while `ocp.v1.handlers.PyTreeHandler(leaf_handler_registry
 Orbax publishes these again, this module is the only file to change.
 """
 
+from typing import Awaitable
+
 from orbax.checkpoint._src.futures import future as _future
+from orbax.checkpoint._src.path import async_path as _async_path
 from orbax.checkpoint._src.serialization import jax_array_handlers as _jax_array_handlers
 from orbax.checkpoint._src.serialization import ocdbt_utils as _ocdbt_utils
 from orbax.checkpoint._src.serialization import tensorstore_utils as _ts_utils
@@ -35,6 +38,13 @@ def add_to_default_ts_contexts(resources: dict) -> None:
   (`tensorstore_utils.get_ts_context` offers no parameter for them)."""
   _ts_utils._BASE_TS_CONTEXT.update(resources)  # pylint: disable=protected-access
   _ts_utils._DEFAULT_OCDBT_TS_CONTEXT.update(resources)  # pylint: disable=protected-access
+
+
+def create_array_metadata_dir(array_metadata_store, checkpoint_dir) -> Awaitable[None]:
+  """Creates the directory `array_metadata_store.write` later writes each process's file into (the primary's
+  part of its `_maybe_create_base_dir`, which the other processes wait for by polling)."""
+  resolver = array_metadata_store._path_resolver  # pylint: disable=protected-access
+  return _async_path.mkdir(resolver.get_write_file_path(checkpoint_dir, 0).parent, parents=True, exist_ok=True)
 
 
 def leaf_handler_registry_of(pytree_handler) -> "StandardLeafHandlerRegistry":

@@ -62,11 +62,16 @@ class _StreamingWrites:
     return futures
 
   async def _write(self, values: Sequence[LazyTensor], infos: Sequence[Any], args: Sequence[Any]) -> None:
+    store = getattr(self._base, "_array_metadata_store", None) if self._sharded else None
+    if store is not None and infos and self._options.processes.is_primary:
+      # Orbax's primary creates the array metadata directory only once its own share is written, and every other
+      # process, done first, looks for it every 0.25 s: created now, it is there when they finish.
+      await infos[0].await_path_creation()
+      await _orbax_private.create_array_metadata_dir(store, infos[0].parent_dir)
     metadatas = await write_lazy_tensors(
         values, infos, args, options=self._options,
         metadata_key=getattr(self._base, "_metadata_key", None),
     )
-    store = getattr(self._base, "_array_metadata_store", None) if self._sharded else None
     if store is not None:
       await store.write(checkpoint_dir=infos[0].parent_dir, array_metadatas=metadatas,
                         process_index=self._options.processes.index)

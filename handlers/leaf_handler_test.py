@@ -37,6 +37,18 @@ class _Rows:
     return self.value[index]
 
 
+class _RowsLookingFor(_Rows):
+  """`_Rows` that records, at each read, whether a directory named `name` exists anywhere under `root`."""
+
+  def __init__(self, value: np.ndarray, rows: int, root: str, name: str):
+    super().__init__(value, rows)
+    self.root, self.name, self.seen = root, name, []
+
+  def region(self, index: tuple[slice, ...]) -> np.ndarray:
+    self.seen.append(any(self.name in dirs for _, dirs, _ in os.walk(self.root)))
+    return super().region(index)
+
+
 class RegistrationTest(absltest.TestCase):
 
   def test_lazy_tensors_get_our_handlers_with_the_options_baked_in(self):
@@ -73,15 +85,16 @@ class SaveTest(absltest.TestCase):
     cls.sharded = rng.standard_normal((8, 6)).astype(np.float32)
     mesh = jax.sharding.Mesh(np.array(jax.devices()), ("devices",))
     sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("devices"))
+    cls.out = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
+    cls.sharded_loader = _RowsLookingFor(cls.sharded, 2, cls.out, "array_metadatas")
     tree = {"step": 0, "opt_state": {}, "params": {"params": {
         "plain": LazyTensor("plain", cls.plain.shape, cls.plain.dtype, _Rows(cls.plain, 3)),
-        "sharded": ShardedLazyTensor("sharded", cls.sharded.shape, cls.sharded.dtype, _Rows(cls.sharded, 2),
+        "sharded": ShardedLazyTensor("sharded", cls.sharded.shape, cls.sharded.dtype, cls.sharded_loader,
                                      sharding),
     }}}
     cls.written: list[BlockWritten] = []
     # Room for 4 blocks of 3 rows: the budget keeps every block at the loader's own size.
     options = WriteOptions(max_inflight_bytes=4 * 3 * 8 * 2, on_block_written=cls.written.append)
-    cls.out = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
     checkpointer = ocp.v1.training.Checkpointer(cls.out, context=lazy_tensor_context(options))
     checkpointer.save_checkpointables(0, {ITEMS: tree})
     checkpointer.close()
@@ -109,6 +122,12 @@ class SaveTest(absltest.TestCase):
     for name, expected in (("plain", self.plain), ("sharded", self.sharded)):
       self.assertEqual(restored[name].dtype, expected.dtype, name)
       self.assertEqual(restored[name].tobytes(), expected.tobytes(), name)
+
+  def test_the_array_metadata_directory_exists_before_the_first_block(self):
+    # The other processes of a multi-process save poll for it once their share is written (every 0.25 s).
+    self.assertNotEmpty(self.sharded_loader.seen)
+    self.assertTrue(all(self.sharded_loader.seen), self.sharded_loader.seen)
+    self.assertTrue(os.path.isfile(os.path.join(self.items, "array_metadatas", "process_0")))
 
   def test_the_sharded_leaf_records_its_sharding(self):
     with open(os.path.join(self.items, "_sharding")) as f:
