@@ -1,13 +1,16 @@
-"""Several processes converting one checkpoint: joining JAX's distributed runtime, who this process is, and the
-barriers between the steps that only the primary process takes (preparing the output, committing).
+"""Several processes converting one checkpoint: joining JAX's distributed runtime, who this process is, the
+barriers between the steps that only the primary process takes (preparing the output, committing), and the
+claims through which they share out the work.
 
-Each process then writes a disjoint share of the blocks (handlers/shares.py) into its own OCDBT database, and
-Orbax's own multi-process protocol has the primary merge them and commit once every process has finished.
+Each process then writes a disjoint share of the blocks (handlers/shares.py), then what the slower ones have not
+started of theirs (handlers/claims.py), into its own OCDBT database, and Orbax's own multi-process protocol has
+the primary merge them and commit once every process has finished.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import socket
 import sys
@@ -102,6 +105,38 @@ def current() -> Processes:
   import jax  # pylint: disable=g-import-not-at-top
 
   return Processes(index=jax.process_index(), count=jax.process_count(), primary=0)
+
+
+_SAVES = itertools.count()  # Every process saves the same sequence of checkpoints.
+
+
+class CoordinatorClaims:
+  """`handlers.claims.Claims` kept in the key-value store of JAX's distributed runtime (held by the coordinator,
+  process 0): a key written only where it is absent is a claim, its value the process that won it."""
+
+  def __init__(self, index: int):
+    import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+
+    self._client = ocp.multihost.get_jax_distributed_client()
+    self._index = index
+    self._prefix = f"hf2maxtext/claims/{next(_SAVES)}"
+
+  def claim(self, share: str, owner: int, unit: int) -> int:
+    import jax  # pylint: disable=g-import-not-at-top
+
+    key = f"{self._prefix}/{share}/{owner}/{unit}"
+    try:
+      self._client.key_value_set(key, str(self._index))
+      return self._index
+    except jax.errors.JaxRuntimeError as e:
+      if "ALREADY_EXISTS" not in str(e):
+        raise ConversionError(f"claiming a share of the work from the coordinator failed: {e}") from e
+    return int(self._client.key_value_try_get(key))
+
+
+def claims(processes: Processes) -> CoordinatorClaims | None:
+  """The claims several processes share out their work through; None for one process."""
+  return CoordinatorClaims(processes.index) if processes.count > 1 else None
 
 
 def barrier(name: str, processes: Processes) -> None:

@@ -1,6 +1,8 @@
 """What of the multi-process set-up is checkable in one process: flags refused before JAX's runtime is joined,
-the arguments it is joined with, who this process is, and barriers that cost nothing alone."""
+the arguments it is joined with, who this process is, barriers that cost nothing alone, and claims made through
+a real coordination service by two clients."""
 
+import itertools
 import os
 import socket
 import sys
@@ -15,9 +17,11 @@ jax.config.update("jax_platforms", "cpu")
 import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top,g-bad-import-order
 from absl.testing import absltest, parameterized
 
+from jax._src.lib import _jax  # pylint: disable=g-import-not-at-top  (the runtime's service and clients, unjoined)
+
 from converter import processes  # pylint: disable=g-import-not-at-top
 from converter.errors import ConversionError
-from handlers import Processes
+from handlers import Processes, claims
 from tools.ports import free_port
 
 
@@ -100,6 +104,57 @@ class CurrentAndBarrierTest(absltest.TestCase):
       processes.barrier("prepared", Processes(index=1, count=2))
     sync.assert_called_once_with("hf2maxtext:prepared", timeout=processes.BARRIER_TIMEOUT_S)
 
+
+
+class CoordinatorClaimsTest(absltest.TestCase):
+  """Two processes' claims through one coordination service, as jax.distributed.initialize would connect them."""
+
+  def setUp(self):
+    super().setUp()
+    address = f"127.0.0.1:{free_port()}"
+    service = _jax.get_distributed_runtime_service(address, 2)
+    self.addCleanup(service.shutdown)
+    self.clients = [_jax.get_distributed_runtime_client(address, i, shutdown_on_destruction=False) for i in (0, 1)]
+    self._in_parallel([client.connect for client in self.clients])  # Each waits for the other.
+    self.addCleanup(self._in_parallel, [client.shutdown for client in self.clients])
+
+  def _in_parallel(self, functions) -> None:
+    threads = [threading.Thread(target=f) for f in functions]
+    for thread in threads:
+      thread.start()
+    for thread in threads:
+      thread.join(timeout=60)
+
+  def _claims(self, index: int) -> processes.CoordinatorClaims:
+    # Each process counts its own saves from 0.
+    with mock.patch.object(ocp.multihost, "get_jax_distributed_client", return_value=self.clients[index]), \
+         mock.patch.object(processes, "_SAVES", itertools.count()):
+      return processes.claims(Processes(index=index, count=2))
+
+  def test_the_first_claim_wins_and_the_others_learn_who_holds_it(self):
+    first, second = self._claims(0), self._claims(1)
+    self.assertEqual(first.claim("params.x", 0, 0), 0)
+    self.assertEqual(second.claim("params.x", 0, 0), 0)
+    self.assertEqual(second.claim("params.x", 0, 1), 1)
+    self.assertEqual(first.claim("params.x", 0, 1), 1)
+    self.assertEqual(second.claim("params.y", 0, 0), 1)  # Another share, claimed afresh.
+
+  def test_two_processes_write_every_block_once(self):
+    sizes = [(5 + i % 7) << 20 for i in range(300)]
+    written: list[list[int]] = [[], []]
+
+    def write(index: int, holder: processes.CoordinatorClaims) -> None:
+      for number in claims.claimed_blocks(sizes, Processes(index=index, count=2), holder, "params.x"):
+        written[index].append(number)
+        time.sleep(0.001 * (1 + 4 * index))  # Process 1 is five times slower.
+
+    holders = [self._claims(0), self._claims(1)]
+    self._in_parallel([lambda: write(0, holders[0]), lambda: write(1, holders[1])])
+    self.assertCountEqual(written[0] + written[1], range(len(sizes)))
+    self.assertGreater(sum(sizes[n] for n in written[0]), 0.6 * sum(sizes))  # It took over process 1's end.
+
+  def test_one_process_makes_no_claims(self):
+    self.assertIsNone(processes.claims(Processes()))
 
 
 class GlooLinesDroppedTest(absltest.TestCase):

@@ -5,6 +5,7 @@ readers restore both."""
 import json
 import os
 import tempfile
+from unittest import mock
 
 import jax
 
@@ -14,13 +15,14 @@ jax.config.update("jax_num_cpu_devices", 2)
 import ml_dtypes  # pylint: disable=g-import-not-at-top,g-bad-import-order
 import numpy as np
 import orbax.checkpoint as ocp
+import tensorstore as ts
 from absl.testing import absltest
 
 from handlers import (  # pylint: disable=g-import-not-at-top
-    ITEMS, JAX_ARRAY_TYPESTR, NUMPY_TYPESTR, BlockWritten, LazyTensor, LazyTensorLeafHandler, ShardedLazyTensor,
-    ShardedLazyTensorLeafHandler, WriteOptions, add_lazy_tensor_leaf_handler, lazy_tensor_context,
+    ITEMS, JAX_ARRAY_TYPESTR, NUMPY_TYPESTR, BlockWritten, LazyTensor, LazyTensorLeafHandler, Processes,
+    ShardedLazyTensor, ShardedLazyTensorLeafHandler, WriteOptions, add_lazy_tensor_leaf_handler, lazy_tensor_context,
 )
-from handlers import _orbax_private
+from handlers import _orbax_private, claims
 
 
 class _Rows:
@@ -134,6 +136,46 @@ class SaveTest(absltest.TestCase):
       shardings = json.load(f)
     self.assertLen(shardings, 1)  # Only the jax.Array leaf has one.
     self.assertIn('"devices"', next(iter(shardings.values())))
+
+
+class _OthersHold:
+  """Claims as process 0 of 2 makes them when process 1 already holds `units` of its own share."""
+
+  def __init__(self, units: set[int]):
+    self.units = units
+
+  def claim(self, share: str, owner: int, unit: int) -> int:
+    del share
+    return 1 if owner == 1 and unit in self.units else 0
+
+
+class TakeOverTest(absltest.TestCase):
+  """Process 0 of 2, once its own share is written, writes what process 1 has not started of its share: here
+  24 rows in blocks of 3, each block a unit, rows 12 to 23 process 1's share."""
+
+  def _save(self, held: set[int]) -> list[int]:
+    value = np.arange(24 * 8, dtype=np.float32).reshape(24, 8)
+    tree = {"params": {"x": LazyTensor("x", value.shape, value.dtype, _Rows(value, 3))}}
+    written: list[BlockWritten] = []
+    options = WriteOptions(max_inflight_bytes=4 * 3 * 8 * 4, on_block_written=written.append,
+                           processes=Processes(index=0, count=2), claims=_OthersHold(held))
+    out = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
+    checkpointer = ocp.v1.training.Checkpointer(out, context=lazy_tensor_context(options))
+    with mock.patch.object(claims, "UNIT_BYTES", 1):
+      checkpointer.save_checkpointables(0, {ITEMS: tree})
+    checkpointer.close()
+    stored = ts.open({"driver": "zarr3", "kvstore": {"driver": "ocdbt", "base": f"file://{out}/0/{ITEMS}/",
+                                                      "path": "params.x/"}}).result()
+    rows = sorted(b.start[0] for b in written)
+    for row in rows:  # Process 1's blocks are missing: only this process's are read back.
+      np.testing.assert_array_equal(stored[row:row + 3].read().result(), value[row:row + 3])
+    return rows
+
+  def test_a_share_nobody_started_is_taken_over_but_its_first_unit(self):
+    self.assertEqual(self._save(held=set()), [0, 3, 6, 9, 15, 18, 21])
+
+  def test_what_its_owner_started_is_left_to_it(self):
+    self.assertEqual(self._save(held={0, 1, 2}), [0, 3, 6, 9, 21])
 
 
 if __name__ == "__main__":

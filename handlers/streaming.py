@@ -8,7 +8,7 @@ from typing import Any, Sequence
 
 import tensorstore as ts
 
-from handlers import _orbax_private, shares
+from handlers import _orbax_private, claims, shares
 from handlers.byte_budget import ByteBudget
 from handlers.lazy_tensor import LazyTensor, LazyTensorWriteError, block_indices, brief_error
 from handlers.write_options import BlockWritten, SaveCancelled, WriteOptions
@@ -188,7 +188,9 @@ async def write_lazy_tensors(
 
   Blocks are read on worker threads (numpy releases the GIL for copies, casts and transposes) while
   tensorstore compresses and writes earlier ones; at most `options.max_inflight_bytes` of blocks exist at a
-  time. A block counts as written once tensorstore's write has completed, i.e. it is on disk.
+  time. A block counts as written once tensorstore's write has completed, i.e. it is on disk. With several
+  processes, each writes its share and then takes over what the others have not started of theirs
+  (handlers/claims.py).
   """
   budget = ByteBudget(options.max_inflight_bytes)
   pending: set[asyncio.Task] = set()
@@ -200,24 +202,31 @@ async def write_lazy_tensors(
       errors.append(task.exception())
 
   blocks, indices, sizes = plan_blocks(values, block_target_bytes(options.max_inflight_bytes))
-  owner = iter(shares.owners(sizes, options.processes.count))
-  metadatas = []
+  located = [(leaf, index) for leaf, leaf_indices in enumerate(indices) for index in leaf_indices]
+  opened: dict[int, tuple[ts.TensorStore, Any]] = {}
+
+  async def opened_leaf(leaf: int) -> tuple[ts.TensorStore, Any]:
+    if leaf not in opened:  # The primary creates every array, the others open them without I/O: in any order.
+      opened[leaf] = await _open(values[leaf], blocks[leaf], infos[leaf], args[leaf], metadata_key,
+                                 create=options.processes.is_primary)
+    return opened[leaf]
+
   try:
-    for lazy, info, arg, block, leaf_indices in zip(values, infos, args, blocks, indices):
-      store, metadata = await _open(lazy, block, info, arg, metadata_key, create=options.processes.is_primary)
-      metadatas.append(metadata)
-      for index in leaf_indices:
-        if next(owner) != options.processes.index:
-          continue
-        if errors:
-          raise errors[0]
-        if options.cancel is not None and options.cancel.is_set():
-          raise SaveCancelled("the save was cancelled before every block was written")
-        nbytes = math.prod(s.stop - s.start for s in index) * lazy.itemsize
-        await budget.acquire(nbytes)
-        task = asyncio.create_task(_write_block(store, lazy, info.name, index, nbytes, budget, options, errors))
-        pending.add(task)
-        task.add_done_callback(_finished)
+    share = infos[0].name if infos else ""
+    for number in claims.claimed_blocks(sizes, options.processes, options.claims, share):
+      leaf, index = located[number]
+      lazy = values[leaf]
+      store, _ = await opened_leaf(leaf)
+      if errors:
+        raise errors[0]
+      if options.cancel is not None and options.cancel.is_set():
+        raise SaveCancelled("the save was cancelled before every block was written")
+      nbytes = sizes[number]
+      await budget.acquire(nbytes)
+      task = asyncio.create_task(_write_block(store, lazy, infos[leaf].name, index, nbytes, budget, options, errors))
+      pending.add(task)
+      task.add_done_callback(_finished)
+    metadatas = [(await opened_leaf(leaf))[1] for leaf in range(len(values))]
     await asyncio.gather(*list(pending), return_exceptions=True)
     if errors:
       raise errors[0]

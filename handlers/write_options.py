@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+  from handlers.claims import Claims
 
 DEFAULT_MAX_INFLIGHT_BYTES = 128 << 20
 
@@ -22,7 +25,8 @@ class BlockWritten:
 @dataclasses.dataclass(frozen=True)
 class Processes:
   """Which of the processes saving one checkpoint together this one is. Each writes a disjoint share of the
-  blocks (handlers/shares.py); the primary creates every array's metadata and writes the `_sharding` entries."""
+  blocks (handlers/shares.py, handlers/claims.py); the primary creates every array's metadata and writes the
+  `_sharding` entries."""
 
   index: int = 0
   count: int = 1
@@ -41,6 +45,9 @@ class WriteOptions:
   # Set it (from a signal handler, say) to stop before the next block: the save then fails and never commits.
   cancel: threading.Event | None = None
   processes: Processes = Processes()
+  # With several processes, how they agree on who writes which unit of work once the first have finished their
+  # own shares (handlers/claims.py); None: each writes exactly its own share.
+  claims: Claims | None = None
   # zstd (Orbax's default for zarr3, level 3), or no compression: larger files, no compressor on the critical
   # path (Orbax's own ArrayOptions.Saving.use_compression; every reader, MaxText's included, reads both).
   compression: bool = True

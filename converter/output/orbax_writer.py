@@ -12,6 +12,7 @@ from typing import Any, Callable, Mapping
 import orbax.checkpoint as ocp
 from absl import logging
 
+from converter import processes as processes_lib
 from converter import storage
 from converter.errors import ConversionError
 from converter.lazy_leaves import lazy_tree
@@ -54,7 +55,8 @@ def save(
       raise ConversionError(f"{output_dir}: no Orbax leaf handler for: {'; '.join(unhandled[:5])}")
     add_tensorstore_resources(storage.tensorstore_resources())
     write_options = WriteOptions(max_inflight_bytes=options.max_inflight_bytes, on_block_written=on_block_written,
-                                 cancel=cancel, processes=processes, compression=options.compression)
+                                 cancel=cancel, processes=processes, claims=processes_lib.claims(processes),
+                                 compression=options.compression)
     checkpointer = ocp.v1.training.Checkpointer(storage.epath_of(output_dir),
                                                 context=lazy_tensor_context(write_options))
     try:
