@@ -7,7 +7,7 @@ Every unit is claimed through `Claims` before its first block is read, and a cla
 so each unit is written by exactly one process. An owner claims its units in order and a taker claims from the
 end, the highest unit nobody holds, so once an owner finds a unit taken, every later unit is taken too, and once
 a taker finds a unit its owner holds, every earlier one is the owner's. A share's first unit is never taken: a
-share of one unit (every share of a small checkpoint) is written by its owner, as `--dry_run` predicts.
+share of one unit (every share of a small checkpoint) is written by its owner, exactly as `shares.owners` has it.
 """
 
 from __future__ import annotations
