@@ -68,11 +68,21 @@ class GcsEmulator:
       except (urllib.error.URLError, ConnectionError, OSError):
         time.sleep(0.1)
         continue
-      time.sleep(0.2)
-      if self._process.poll() is None:  # It answered, and it is ours (not another server on a reused port).
+      if self._listens():  # It answered, and it is ours (not another server that took the same free port).
         return
     self.stop()
     raise RuntimeError(f"fake-gcs-server did not answer on {self.url} within {_START_TIMEOUT_S:.0f} s")
+
+  def _listens(self) -> bool:
+    """Whether our server process itself listens on the port: a server a concurrent test started on the same
+    port answers too, without our buckets (a bucket then read 404 right after a restart, in CI)."""
+    import psutil  # pylint: disable=g-import-not-at-top
+
+    try:
+      connections = psutil.Process(self._process.pid).net_connections(kind="tcp")
+    except psutil.Error:
+      return False
+    return any(c.status == psutil.CONN_LISTEN and c.laddr.port == self.port for c in connections)
 
   def stop(self) -> None:
     if self._process is None:
