@@ -30,9 +30,11 @@ class Claims(Protocol):
     unless some process has claimed it already; returns the index of the process that holds it."""
 
 
-def units(block_bytes: Sequence[int], count: int, unit_bytes: int = UNIT_BYTES) -> list[list[list[int]]]:
+def units(block_bytes: Sequence[int], count: int, unit_bytes: int | None = None) -> list[list[list[int]]]:
   """Each process's blocks (their numbers in plan order), its share (`shares.owners`) cut into units of at least
-  `unit_bytes` (or whatever the share's last blocks add up to)."""
+  `unit_bytes` (`UNIT_BYTES` as it stands at the call, or whatever the share's last blocks add up to)."""
+  if unit_bytes is None:
+    unit_bytes = UNIT_BYTES
   by_process: list[list[list[int]]] = [[] for _ in range(count)]
   open_bytes = [unit_bytes] * count
   for number, (nbytes, owner) in enumerate(zip(block_bytes, shares.owners(block_bytes, count))):
@@ -51,7 +53,7 @@ def claimed_blocks(block_bytes: Sequence[int], processes: Processes, claims: Cla
   is asked for, so iterate no further ahead than the blocks about to be read. Without `claims`, the process's
   own share, as `shares.owners` assigns it."""
   mine = processes.index
-  by_process = units(block_bytes, processes.count, UNIT_BYTES)
+  by_process = units(block_bytes, processes.count)
   for unit, numbers in enumerate(by_process[mine]):
     if unit > 0 and claims is not None and claims.claim(share, mine, unit) != mine:
       break  # Taken, and so is every later unit.

@@ -16,6 +16,7 @@ import urllib.request
 from tools.ports import free_port
 
 _START_TIMEOUT_S = 30.0
+_START_ATTEMPTS = 3
 
 
 def _binary() -> str:
@@ -46,36 +47,47 @@ class GcsEmulator:
 
   def start(self) -> None:
     """Starts the server (again, after `stop`, with the same buckets) on a fresh port: reusing the old one would
-    race with anything else on the machine picking a free port meanwhile."""
+    race with anything else on the machine picking a free port meanwhile. Read `url` and `env` after this: when
+    another server takes the port first, ours starts again on another one."""
     if self._started_once:
       self.port = free_port()
     self._started_once = True
     os.makedirs(self.root, exist_ok=True)
-    log = open(os.path.join(self.root, "server.log"), "ab")  # pylint: disable=consider-using-with
-    self._process = subprocess.Popen(
-        [_binary(), "-scheme", "http", "-host", "127.0.0.1", "-port", str(self.port), "-backend", "filesystem",
-         "-filesystem-root", os.path.join(self.root, "objects"), "-public-host", f"127.0.0.1:{self.port}",
-         "-log-level", "error"],
-        stdout=log, stderr=log)
-    log.close()
     deadline = time.monotonic() + _START_TIMEOUT_S
+    for attempt in range(_START_ATTEMPTS):
+      if self._launch(deadline):
+        return
+      if attempt + 1 < _START_ATTEMPTS:
+        self.port = free_port()
+    raise RuntimeError(f"fake-gcs-server could not start on {_START_ATTEMPTS} ports; see {self.root}/server.log")
+
+  def _launch(self, deadline: float) -> bool:
+    """Starts the server on `self.port` and waits until it answers; False when it exited (another server took
+    the port between `free_port` and our bind)."""
+    with open(os.path.join(self.root, "server.log"), "ab") as log:
+      self._process = subprocess.Popen(
+          [_binary(), "-scheme", "http", "-host", "127.0.0.1", "-port", str(self.port), "-backend", "filesystem",
+           "-filesystem-root", os.path.join(self.root, "objects"), "-public-host", f"127.0.0.1:{self.port}",
+           "-log-level", "error"],
+          stdout=log, stderr=log)
     while time.monotonic() < deadline:
       if self._process.poll() is not None:
-        raise RuntimeError(f"fake-gcs-server exited with {self._process.returncode}; see {self.root}/server.log")
-      try:
-        with urllib.request.urlopen(f"{self.url}/storage/v1/b", timeout=2):
+        self._process = None
+        return False
+      # Ours listening first: a server a concurrent test started on the same port answers too, without our
+      # buckets (a bucket then read 404 right after a restart, in CI).
+      if self._listens():
+        try:
+          with urllib.request.urlopen(f"{self.url}/storage/v1/b", timeout=2):
+            return True
+        except (urllib.error.URLError, ConnectionError, OSError):
           pass
-      except (urllib.error.URLError, ConnectionError, OSError):
-        time.sleep(0.1)
-        continue
-      if self._listens():  # It answered, and it is ours (not another server that took the same free port).
-        return
+      time.sleep(0.1)
     self.stop()
     raise RuntimeError(f"fake-gcs-server did not answer on {self.url} within {_START_TIMEOUT_S:.0f} s")
 
   def _listens(self) -> bool:
-    """Whether our server process itself listens on the port: a server a concurrent test started on the same
-    port answers too, without our buckets (a bucket then read 404 right after a restart, in CI)."""
+    """Whether our server process itself listens on the port."""
     import psutil  # pylint: disable=g-import-not-at-top
 
     try:
