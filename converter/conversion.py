@@ -2,8 +2,8 @@
 shell around it.
 
 Planning needs neither JAX nor Orbax (config.json and the safetensors headers alone); they are imported when a
-save starts, so a bad input fails, and a conversion starts reading its first bytes (`read_ahead`), while they
-load."""
+save starts, so a bad input fails, and a conversion starts reading its first bytes (`read_ahead`) and blocks
+(`read_early`), while they load."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 
 from absl import logging
 
-from converter import families, sources, storage
+from converter import families, lazy_leaves, sources, storage
 from converter.errors import ConversionError
 from converter.families import ResolvedModel
 from converter.model_config import load_model_config
@@ -21,6 +21,7 @@ from converter.options import PlanOptions, RunContext, SaveOptions
 from converter.output.record import ConversionRecord
 from converter.plan import Plan, alias_renamer, build_plan
 from converter.sources import lora
+from handlers.early_reads import EarlyReads
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,7 +81,7 @@ def read_ahead(plan: Plan, nbytes: int) -> int:
   leaves in key order), about `nbytes` of them, without waiting: a conversion's first reads then overlap its
   start-up. Returns the bytes asked for."""
   asked = 0
-  for leaf in sorted(plan.leaves, key=lambda leaf: leaf.path):
+  for leaf in lazy_leaves.in_writing_order(plan):
     for tensor in leaf.loader.source_tensors():
       for path, begin, end in tensor.byte_ranges:
         if asked >= nbytes:
@@ -89,6 +90,12 @@ def read_ahead(plan: Plan, nbytes: int) -> int:
         storage.read_ahead(path, begin, end)
         asked += end - begin
   return asked
+
+
+def read_early(plan: Plan, options: SaveOptions) -> EarlyReads:
+  """Starts reading the first blocks a one-process lazy save of `plan` writes, on a worker thread, without JAX or
+  Orbax: pass it to `save_plan` (`RunContext.early_reads`), whose writer takes them instead of reading them."""
+  return lazy_leaves.read_early(plan, devices=options.devices, max_inflight_bytes=options.max_inflight_bytes)
 
 
 def save_plan(plan: Plan, output_dir: str, save_options: SaveOptions | None = None,

@@ -13,7 +13,7 @@ from absl.testing import absltest
 
 from converter import conversion, storage
 from converter.errors import ConversionError
-from converter.options import PlanOptions
+from converter.options import PlanOptions, RunContext, SaveOptions
 from converter.sources.lora import LoraMergedSource
 from tools import lora_adapters, synthetic_checkpoint
 
@@ -62,13 +62,29 @@ class StartUpTest(absltest.TestCase):
   def test_planning_imports_neither_jax_nor_orbax(self):
     # main.py plans (and starts reading ahead) before JAX and Orbax load: importing them here would move every
     # conversion's first read back behind them.
-    code = ("import sys; from converter import conversion; from converter.options import PlanOptions;"
+    code = ("import sys; from converter import conversion; from converter.options import PlanOptions, SaveOptions;"
             " plan = conversion.plan_conversion('testdata/tiny-qwen3', PlanOptions());"
             " conversion.read_ahead(plan, 1 << 20);"
+            " early = conversion.read_early(plan, SaveOptions(devices=16)); assert early.join(60);"
+            " assert early.read_bytes > 0, early.read_bytes;"
             " print(sorted(m for m in ('jax', 'orbax.checkpoint', 'tensorstore') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                             env={**os.environ, "PYTHONPATH": os.getcwd()})
     self.assertEqual(result.stdout.strip().splitlines()[-1], "[]")
+
+  def test_a_save_takes_the_blocks_read_early_and_writes_the_same_checkpoint(self):
+    plan = conversion.plan_conversion("testdata/tiny-qwen3", PlanOptions())
+    options = SaveOptions(devices=1, max_inflight_bytes=1 << 18)  # Less than the model: some blocks read early.
+    early = conversion.read_early(plan, options)
+    self.assertTrue(early.join(60))
+    with_early = conversion.save_plan(plan, os.path.join(_scratch(), "out"), options, RunContext(early_reads=early))
+    self.assertEqual(early.taken_bytes, early.read_bytes)  # Every block read early was written, none re-read.
+    self.assertBetween(early.read_bytes, 1, plan.total_bytes - 1)
+    without = conversion.save_plan(plan, os.path.join(_scratch(), "out"), options)
+    from tools import checkpoint_io  # pylint: disable=g-import-not-at-top  (Orbax)
+
+    self.assertEqual(checkpoint_io.trees_bit_identical(checkpoint_io.restore_v0(with_early.items_path),
+                                                       checkpoint_io.restore_v0(without.items_path)), [])
 
   def test_the_binary_loads_numpy_without_openblas_worker_threads(self):
     # OpenBLAS starts a thread per core that spins before it sleeps; main.py turns it down before numpy loads.

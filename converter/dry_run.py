@@ -8,7 +8,7 @@ import math
 from converter import chunking
 from converter.lazy_leaves import write_blocks
 from converter.plan import Plan
-from handlers.streaming import inner_chunk_shape
+from handlers.blocks import inner_chunk_shape
 
 # Fitted to the peaks tools/benchmark.py measures beside each prediction (docs/memory-and-streaming.md): every
 # byte of the budget in flight holds about this many resident (the block, and tensorstore's encoded shard of it
@@ -43,7 +43,7 @@ def predicted_peak_bytes(plan: Plan, baseline_bytes: int, max_inflight_bytes: in
 
 
 def stored_leaves(plan: Plan, lazies: list, block_shapes: list) -> list[chunking.StoredLeaf]:
-  """Each leaf as it will be stored: its read chunks inside its write blocks (handlers.streaming), from the
+  """Each leaf as it will be stored: its read chunks inside its write blocks (handlers.blocks), from the
   writer's cut (`write_blocks`)."""
   out = []
   for leaf, lazy, block in zip(plan.leaves, lazies, block_shapes):

@@ -1,17 +1,22 @@
-"""A plan's leaves as the handlers' lazy tensors: what the Orbax writer saves, `--verify` compares and `--dry_run`
-sizes, built in one place so that all three cut every leaf into the same blocks."""
+"""A plan's leaves as the handlers' lazy tensors: what the Orbax writer saves, `--verify` compares, `--dry_run`
+sizes and the early reads read first, built in one place so that all of them cut every leaf into the same
+blocks. Only the tree Orbax receives needs JAX."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jax
 import numpy as np
 
 from converter.errors import ConversionError
 from converter.plan import Leaf, Plan
-from handlers import LazyTensor, Processes, ShardedLazyTensor
-from handlers.streaming import block_target_bytes, plan_blocks
+from handlers.blocks import block_target_bytes, plan_blocks
+from handlers.early_reads import EarlyReads
+from handlers.lazy_tensor import LazyTensor, ShardedLazyTensor
+from handlers.write_options import Processes
+
+if TYPE_CHECKING:
+  import jax
 
 
 def _described(leaf: Leaf) -> str:
@@ -25,20 +30,50 @@ def lazy_tensor(leaf: Leaf) -> LazyTensor:
 
 
 def write_blocks(plan: Plan, max_inflight_bytes: int):
-  """Every leaf's lazy tensor, and the writer's cut of them under this budget (handlers.streaming.plan_blocks:
+  """Every leaf's lazy tensor, and the writer's cut of them under this budget (handlers.blocks.plan_blocks:
   each leaf's block shape and block indices, and every block's bytes)."""
   lazies = [lazy_tensor(leaf) for leaf in plan.leaves]
   return (lazies, *plan_blocks(lazies, block_target_bytes(max_inflight_bytes)))
 
 
+def _sharded_axis(shape: tuple[int, ...], devices: int) -> int | None:
+  """The first axis the device count divides; None: no axis does, and the leaf is replicated."""
+  return next((axis for axis, size in enumerate(shape) if size % devices == 0), None)
+
+
 def _sharding_for(shape: tuple[int, ...], mesh: jax.sharding.Mesh) -> jax.sharding.NamedSharding:
-  """Shards the first axis the device count divides; replicates leaves no axis of which it divides."""
+  import jax  # pylint: disable=g-import-not-at-top,redefined-outer-name
+
   spec: list[Any] = [None] * len(shape)
-  for axis, size in enumerate(shape):
-    if size % mesh.size == 0:
-      spec[axis] = "devices"
-      break
+  axis = _sharded_axis(shape, mesh.size)
+  if axis is not None:
+    spec[axis] = "devices"
   return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*spec))
+
+
+class _DeviceShards:
+  """`_sharding_for`'s shard shapes without JAX: all the writer's block cut asks of a sharding."""
+
+  def __init__(self, devices: int):
+    self._devices = devices
+
+  def shard_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+    axis = _sharded_axis(shape, self._devices)
+    return tuple(size // self._devices if a == axis else size for a, size in enumerate(shape))
+
+
+def in_writing_order(plan: Plan) -> list[Leaf]:
+  """The leaves in the order Orbax hands them to the writer: its tree's, keys sorted at every level."""
+  return sorted(plan.leaves, key=lambda leaf: leaf.path)
+
+
+def read_early(plan: Plan, *, devices: int, max_inflight_bytes: int) -> EarlyReads:
+  """Starts reading, on a worker thread, the blocks a one-process lazy save of `plan` on `devices` writes first,
+  cut as `lazy_tree`'s leaves will be, without JAX (handlers/early_reads.py)."""
+  shards = _DeviceShards(devices)
+  values = [ShardedLazyTensor(_described(leaf), leaf.shape, leaf.dtype, leaf.loader, shards, leaf.chunk_shape)
+            if devices > 1 else lazy_tensor(leaf) for leaf in in_writing_order(plan)]
+  return EarlyReads(values, max_inflight_bytes)
 
 
 def lazy_tree(plan: Plan, *, lazy: bool, devices: int, processes: Processes) -> dict[str, Any]:
@@ -48,6 +83,8 @@ def lazy_tree(plan: Plan, *, lazy: bool, devices: int, processes: Processes) -> 
   block. Eager, the reference arm: every leaf materialised first, as ndarrays or sharded jax.Arrays. With several
   processes the leaves are global arrays over every process's devices, as MaxText restores them on a pod.
   """
+  import jax  # pylint: disable=g-import-not-at-top,redefined-outer-name
+
   if processes.count > 1:
     if not lazy:
       raise ConversionError("several processes write lazily only (drop --nolazy_load_tensors)")

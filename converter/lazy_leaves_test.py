@@ -11,6 +11,7 @@ from converter import conversion, lazy_leaves  # pylint: disable=g-import-not-at
 from converter.errors import ConversionError  # pylint: disable=g-import-not-at-top
 from converter.options import PlanOptions  # pylint: disable=g-import-not-at-top
 from handlers import LazyTensor, Processes, ShardedLazyTensor  # pylint: disable=g-import-not-at-top
+from handlers.blocks import block_target_bytes, blocks_in_order  # pylint: disable=g-import-not-at-top
 
 
 class LazyLeavesTest(absltest.TestCase):
@@ -48,6 +49,24 @@ class LazyLeavesTest(absltest.TestCase):
     for value, array in zip(leaves.values(), eager):
       self.assertEqual(array.sharding, value.sharding)
       np.testing.assert_array_equal(value.materialize(), np.asarray(array))
+
+  def test_the_early_reads_cut_the_leaves_as_the_tree_does_without_jax(self):
+    for devices in (1, 4):
+      tree = lazy_leaves.lazy_tree(self.plan, lazy=True, devices=devices, processes=Processes())
+      by_name = {value.name: value for value in self._leaves(tree)}
+      early = lazy_leaves.read_early(self.plan, devices=devices, max_inflight_bytes=1 << 20)
+      self.assertTrue(early.join(30))
+      writing = [by_name[lazy_leaves.lazy_tensor(leaf).name] for leaf in lazy_leaves.in_writing_order(self.plan)]
+      cut = [(lazy.name, tuple((s.start, s.stop) for s in index))
+             for lazy, index, _ in blocks_in_order(writing, block_target_bytes(1 << 20))]
+      taken = [early.take(name, tuple(slice(*bounds) for bounds in index)) for name, index in cut]
+      self.assertTrue(all(taken), devices)  # Every block the tree's writer asks for was read early, ...
+      self.assertEqual(early.taken_bytes, early.read_bytes)  # ... and nothing else.
+      for (name, index), block in zip(cut, taken):
+        np.testing.assert_array_equal(block.result(), by_name[name].read(tuple(slice(*b) for b in index)))
+    shards = lazy_leaves._DeviceShards(4)  # pylint: disable=protected-access
+    for value in by_name.values():
+      self.assertEqual(shards.shard_shape(value.shape), value.sharding.shard_shape(value.shape), value.name)
 
   def test_the_name_carries_the_sources(self):
     leaf = self.plan.leaves[0]

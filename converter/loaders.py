@@ -15,7 +15,7 @@ from converter.loader import Loader
 from converter.ops import Op
 from converter.sources import SourceTensor
 
-ROW_BLOCK_BYTES = 16 << 20  # Kept under glibc's mmap threshold, as the write blocks (handlers/streaming.py).
+ROW_BLOCK_BYTES = 16 << 20  # Kept under glibc's mmap threshold, as the write blocks (handlers/blocks.py).
 _ELEMENTWISE = (ops_lib.ScaleInFloat32, ops_lib.AddInFloat32)
 _WITHIN_HEAD = (*_ELEMENTWISE, ops_lib.InterleaveRope)
 

@@ -19,6 +19,7 @@ import signal
 import sys
 import threading
 import time
+from typing import TYPE_CHECKING
 
 # Set before numpy loads OpenBLAS, which otherwise starts a thread per core that spins before it sleeps: 0.1
 # CPU-s of every start-up, in every process (docs/memory-and-streaming.md). The converter multiplies no matrices.
@@ -32,6 +33,9 @@ from converter.chunking import ChunkRule, parse_mesh
 from converter.options import PlanOptions, ReverseOptions, RunContext, SaveOptions
 from converter.plan import Plan
 # pylint: enable=g-import-not-at-top,g-bad-import-order
+
+if TYPE_CHECKING:
+  from handlers.early_reads import EarlyReads
 
 FLAGS = flags.FLAGS
 
@@ -223,14 +227,18 @@ def run() -> None:
     from converter import conversion  # pylint: disable=g-import-not-at-top
 
     start = time.monotonic()
-    plan = None
+    plan = early_reads = None
     if not _several_processes():
       # Planned before JAX and Orbax load (over half a second): a bad input fails at once, and the first bytes
-      # are on their way while they load. (Several processes join first and read their own shares.)
+      # are on their way, and the first blocks read on the idle core, while they load. (Several processes join
+      # first and read their own shares; a resumed save skips the blocks it has.)
       plan = conversion.plan_conversion(_model_path(FLAGS.hf_model_path), _plan_options())
       conversion.read_ahead(plan, FLAGS.max_inflight_bytes)
+      if FLAGS.lazy_load_tensors and not FLAGS.resume:
+        early_reads = conversion.read_early(plan, _save_options())
     _start_jax(FLAGS.simulated_cpu_devices_count, distributed=True)
-    _run_to_maxtext(plan or conversion.plan_conversion(_model_path(FLAGS.hf_model_path), _plan_options()), start)
+    _run_to_maxtext(plan or conversion.plan_conversion(_model_path(FLAGS.hf_model_path), _plan_options()), start,
+                    early_reads)
 
 
 def _several_processes() -> bool:
@@ -247,15 +255,19 @@ def _plan_options() -> PlanOptions:
                                         target_mesh=parse_mesh(FLAGS.target_mesh) if FLAGS.target_mesh else ()))
 
 
-def _run_to_maxtext(plan: Plan, start: float) -> None:
+def _save_options() -> SaveOptions:
+  return SaveOptions(lazy=FLAGS.lazy_load_tensors, devices=FLAGS.simulated_cpu_devices_count,
+                     max_inflight_bytes=FLAGS.max_inflight_bytes, compression=FLAGS.compression == "zstd")
+
+
+def _run_to_maxtext(plan: Plan, start: float, early_reads: EarlyReads | None = None) -> None:
   from converter import conversion  # pylint: disable=g-import-not-at-top
   from converter.progress import Progress  # pylint: disable=g-import-not-at-top
 
   _start_up_done()
   progress = Progress(enabled=FLAGS.progress)
-  run = _run_context(progress=progress, cancel=_cancel_on_signals())
-  save_options = SaveOptions(lazy=FLAGS.lazy_load_tensors, devices=FLAGS.simulated_cpu_devices_count,
-                             max_inflight_bytes=FLAGS.max_inflight_bytes, compression=FLAGS.compression == "zstd")
+  run = _run_context(progress=progress, cancel=_cancel_on_signals(), early_reads=early_reads)
+  save_options = _save_options()
   try:
     result = conversion.save_plan(plan, _resolve(FLAGS.output_dir), save_options, run)
   finally:

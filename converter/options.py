@@ -14,17 +14,18 @@ from converter.chunking import ChunkRule
 
 if TYPE_CHECKING:
   from converter.progress import Progress
-  from handlers import Processes
+  from handlers.early_reads import EarlyReads
+  from handlers.write_options import Processes
 
 
 def _one_process() -> Processes:
-  from handlers import Processes  # pylint: disable=g-import-not-at-top  (JAX and Orbax: only when a run needs them)
+  from handlers.write_options import Processes  # pylint: disable=g-import-not-at-top,redefined-outer-name
 
   return Processes()
 
 
 def _default_budget() -> int:
-  from handlers import DEFAULT_MAX_INFLIGHT_BYTES  # pylint: disable=g-import-not-at-top
+  from handlers.write_options import DEFAULT_MAX_INFLIGHT_BYTES  # pylint: disable=g-import-not-at-top
 
   return DEFAULT_MAX_INFLIGHT_BYTES
 
@@ -76,3 +77,6 @@ class RunContext:
   resume: bool = False  # Continue an interrupted conversion from what it wrote durably.
   progress: Progress | None = None  # Told the total, then every block written.
   cancel: threading.Event | None = None  # Set to stop before the next block; nothing is committed.
+  # A one-process lazy save's first blocks, read while JAX and Orbax loaded (conversion.read_early); closed by
+  # the save, which reads the blocks itself when it resumes an interrupted run.
+  early_reads: EarlyReads | None = None

@@ -1,57 +1,25 @@
-"""Orbax handlers for lazily loaded tensors: save them through the v1 API, restore them as numpy anywhere."""
+"""Orbax handlers for lazily loaded tensors: save them through the v1 API, restore them as numpy anywhere.
 
-from handlers.lazy_tensor import (
-    LazyTensor,
-    LazyTensorLoadError,
-    LazyTensorWriteError,
-    RegionLoader,
-    ShardedLazyTensor,
-    TensorLoader,
-    block_indices,
-    brief_error,
-)
-from handlers.leaf_handler import (
-    JAX_ARRAY_TYPESTR,
-    NUMPY_TYPESTR,
-    LazyTensorLeafHandler,
-    ShardedLazyTensorLeafHandler,
-    add_lazy_tensor_leaf_handler,
-)
-from handlers import shares
-from handlers.registry import ITEMS, build_lazy_tensor_checkpointables_registry, lazy_tensor_context
-from handlers.storage_context import add_tensorstore_resources
-from handlers.tree_handler import LazyTensorPyTreeHandler, unhandled_leaves
-from handlers.v0_registration import LazyTensorV0Handler, register_v0_type_handler
-from handlers.write_options import DEFAULT_MAX_INFLIGHT_BYTES, BlockWritten, Processes, SaveCancelled, WriteOptions
+Importing the package is cheap: the first name taken from it (`from handlers import LazyTensor`) loads the whole
+API, Orbax and JAX with it, and registers the v0 type handler. Its light modules (`handlers.lazy_tensor`,
+`handlers.blocks`, `handlers.write_options`) import alone, for what runs before JAX and Orbax have loaded.
+"""
 
-register_v0_type_handler()
+import importlib
+import importlib.util
+from typing import Any
 
-__all__ = [
-    "add_tensorstore_resources",
-    "shares",
-    "BlockWritten",
-    "DEFAULT_MAX_INFLIGHT_BYTES",
-    "ITEMS",
-    "JAX_ARRAY_TYPESTR",
-    "NUMPY_TYPESTR",
-    "LazyTensor",
-    "LazyTensorLeafHandler",
-    "LazyTensorLoadError",
-    "LazyTensorWriteError",
-    "Processes",
-    "LazyTensorPyTreeHandler",
-    "LazyTensorV0Handler",
-    "RegionLoader",
-    "SaveCancelled",
-    "ShardedLazyTensor",
-    "ShardedLazyTensorLeafHandler",
-    "TensorLoader",
-    "WriteOptions",
-    "add_lazy_tensor_leaf_handler",
-    "block_indices",
-    "brief_error",
-    "build_lazy_tensor_checkpointables_registry",
-    "lazy_tensor_context",
-    "register_v0_type_handler",
-    "unhandled_leaves",
-]
+
+def __getattr__(name: str) -> Any:
+  if name.startswith("__"):  # Asked by tools that probe modules (`__wrapped__`, `__all__`): not a reason to load.
+    raise AttributeError(f"module 'handlers' has no attribute {name!r}")
+  if importlib.util.find_spec(f"{__name__}.{name}") is not None:  # A submodule (`from handlers import shares`).
+    return importlib.import_module(f"{__name__}.{name}")
+  api = importlib.import_module("handlers._api")
+  if name not in api.__all__:
+    raise AttributeError(f"module 'handlers' has no attribute {name!r}")
+  return getattr(api, name)
+
+
+def __dir__() -> list[str]:
+  return sorted(importlib.import_module("handlers._api").__all__)

@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import asyncio
-import math
 from typing import Any, Sequence
 
 import tensorstore as ts
 
 from handlers import _orbax_private, claims, shares
 from handlers.byte_budget import ByteBudget
-from handlers.lazy_tensor import LazyTensor, LazyTensorWriteError, block_indices, brief_error
+from handlers.blocks import block_target_bytes, inner_chunk_shape, plan_blocks, write_shape
+from handlers.lazy_tensor import LazyTensor, LazyTensorWriteError, brief_error
 from handlers.write_options import BlockWritten, SaveCancelled, WriteOptions
+
+
+async def _read(lazy: LazyTensor, index: tuple, options: WriteOptions) -> Any:
+  early = options.early_reads.take(lazy.name, index) if options.early_reads is not None else None
+  if early is not None:
+    return await asyncio.wrap_future(early)
+  return await asyncio.to_thread(lazy.read, index)
 
 
 async def _write_block(
@@ -19,7 +26,7 @@ async def _write_block(
     options: WriteOptions, failed: Sequence[BaseException] = (),
 ) -> None:
   try:
-    block = await asyncio.to_thread(lazy.read, index)
+    block = await _read(lazy, index, options)
     if failed:  # The save is failing (see write_lazy_tensors): no new write that would only wait out its retries.
       return
     try:
@@ -32,100 +39,6 @@ async def _write_block(
     options.on_block_written(
         BlockWritten(array_name, tuple(s.start for s in index), tuple(s.stop for s in index), nbytes)
     )
-
-
-# Below glibc's largest mmap threshold (32 MiB): a larger block is always a fresh mapping the kernel zeroes page by
-# page before it is filled, and so is the chunk tensorstore decodes it into when it is read back; smaller ones
-# are reused from the heap once freed.
-TARGET_BLOCK_BYTES = 16 << 20
-
-
-def _largest_divisor_at_most(n: int, limit: int) -> int:
-  return max(d for d in range(1, max(1, min(n, limit)) + 1) if n % d == 0)
-
-
-def write_block_shape(lazy: LazyTensor, target_bytes: int = TARGET_BLOCK_BYTES) -> tuple[int, ...]:
-  """The loader's natural blocks, grouped along stacked axes up to about `target_bytes` per write.
-
-  A natural block can be tiny (one expert of one layer), and every tensorstore write is a durable OCDBT commit,
-  so writing them one by one is slow. Axes are grown outermost first, by whole divisors, so the blocks still
-  tile the array exactly and a scanned MoE leaf (experts, layers, ...) is grouped by experts within one layer
-  before it spans layers: a reader taking one layer at a time (the reverse conversion) decodes little else.
-  """
-  block = list(lazy.block_shape)
-  for axis in range(len(block)):
-    if block[axis] == lazy.shape[axis] or lazy.shape[axis] % block[axis]:
-      continue
-    block_bytes = math.prod(block) * lazy.itemsize
-    factor = _largest_divisor_at_most(lazy.shape[axis] // block[axis], target_bytes // max(1, block_bytes))
-    block[axis] *= factor
-  return _aligned_to_device_shards(lazy, _aligned_to_chunks(lazy, block))
-
-
-def _aligned_to_chunks(lazy: LazyTensor, block: list[int]) -> list[int]:
-  """Blocks made of whole read chunks (`lazy.chunk_shape`), so that the chunks can be stored inside them: a block
-  longer than a chunk is cut to a multiple of it, a shorter one to the largest divisor of it that keeps at least a
-  quarter of the block (a 1365-row slab of 6144 rows becomes 1024 rows, which a reader's shards also divide); a
-  chunk with no such divisor (a 151681-row vocabulary) keeps the block, which `inner_chunk_shape` then follows."""
-  if lazy.chunk_shape is None:
-    return block
-  for axis, (b, c) in enumerate(zip(block, lazy.chunk_shape)):
-    if b % c == 0 or b == lazy.shape[axis]:
-      continue
-    if b > c:
-      block[axis] = c * (b // c)
-    elif 4 * (divisor := _largest_divisor_at_most(c, b)) >= b:
-      block[axis] = divisor
-  return block
-
-
-def inner_chunk_shape(lazy: LazyTensor, write: tuple[int, ...]) -> tuple[int, ...] | None:
-  """The zarr3 inner chunk stored inside each write block (zarr3 inner chunks must divide their shard): the read
-  chunk where the block holds it whole, else their largest common part, else (when that part would be tiny: a
-  prime vocabulary against a slab of rows) the block's own extent on that axis."""
-  if lazy.chunk_shape is None:
-    return None
-  inner = []
-  for c, w in zip(lazy.chunk_shape, write):
-    common = math.gcd(c, w)
-    inner.append(common if 4 * common >= min(c, w) else w)
-  return tuple(inner)
-
-
-def _aligned_to_device_shards(lazy: LazyTensor, block: list[int]) -> tuple[int, ...]:
-  """Blocks that straddle device shards make the stored grid (their gcd with the shards, see `write_shape`)
-  needlessly fine: a 4681-row slab of a 16384-row table sharded 1024 rows a device would be stored one row per
-  zarr shard. Along a sharded axis the loader reads partially (its block is not the whole axis), a block is
-  therefore cut to the largest divisor of the device shard that keeps at least a quarter of it."""
-  sharding = getattr(lazy, "sharding", None)
-  if sharding is None:
-    return tuple(block)
-  for axis, (size, shard) in enumerate(zip(lazy.shape, sharding.shard_shape(lazy.shape))):
-    b = block[axis]
-    if b == size or shard == size or shard % b == 0 or b % shard == 0:
-      continue
-    if b > shard:
-      block[axis] = shard * (b // shard)
-    else:
-      divisor = _largest_divisor_at_most(shard, b)
-      block[axis] = divisor if 4 * divisor >= b else b
-  return tuple(block)
-
-
-def write_shape(lazy: LazyTensor, block: tuple[int, ...]) -> tuple[int, ...]:
-  """The stored array's shard grid: the write blocks, split further along a device sharding if any.
-
-  Orbax stores a sharded jax.Array with one zarr shard per device shard. Matching that exactly would need a
-  whole device shard in memory (1/16 of a 150 GB leaf is still 9 GB), so each device shard is instead made of
-  whole zarr shards no larger than a loader block: readers see the same array, restored per device without
-  reading across shard boundaries.
-  """
-  sharding = getattr(lazy, "sharding", None)
-  if sharding is None:
-    return block
-  shards = sharding.shard_shape(lazy.shape)
-  # An unsharded axis keeps the block (its last one may be short); a sharded one is cut at device shards.
-  return tuple(b if s == d else math.gcd(b, s) for b, s, d in zip(block, shards, lazy.shape))
 
 
 async def _open(
@@ -156,19 +69,9 @@ async def _open(
   return store, spec.metadata
 
 
-def block_target_bytes(max_inflight_bytes: int) -> int:
-  """About how large a write block is under a byte budget: several blocks in flight keep both cores and the disk
-  busy, so a small budget makes small blocks."""
-  return min(TARGET_BLOCK_BYTES, max_inflight_bytes // 4)
-
-
-def plan_blocks(values: Sequence[LazyTensor], target_bytes: int = TARGET_BLOCK_BYTES):
-  """Each value's block shape (`write_block_shape`) and block indices, and every block's bytes, in order."""
-  blocks = [write_block_shape(lazy, target_bytes) for lazy in values]
-  indices = [list(block_indices(lazy.shape, block)) for lazy, block in zip(values, blocks)]
-  sizes = [math.prod(s.stop - s.start for s in index) * lazy.itemsize
-           for lazy, leaf_indices in zip(values, indices) for index in leaf_indices]
-  return blocks, indices, sizes
+def _raise_if_cancelled(options: WriteOptions) -> None:
+  if options.cancel is not None and options.cancel.is_set():
+    raise SaveCancelled("the save was cancelled before every block was written")
 
 
 def share_bytes(values: Sequence[LazyTensor], max_inflight_bytes: int, count: int) -> list[int]:
@@ -219,8 +122,7 @@ async def write_lazy_tensors(
       store, _ = await opened_leaf(leaf)
       if errors:
         raise errors[0]
-      if options.cancel is not None and options.cancel.is_set():
-        raise SaveCancelled("the save was cancelled before every block was written")
+      _raise_if_cancelled(options)
       nbytes = sizes[number]
       await budget.acquire(nbytes)
       task = asyncio.create_task(_write_block(store, lazy, infos[leaf].name, index, nbytes, budget, options, errors))
@@ -230,6 +132,7 @@ async def write_lazy_tensors(
     await asyncio.gather(*list(pending), return_exceptions=True)
     if errors:
       raise errors[0]
+    _raise_if_cancelled(options)  # Stopped while the last blocks were in flight: still nothing committed.
   except Exception:
     # Let the blocks in flight finish (or fail) before the error leaves. Cancelling their tasks would not stop
     # their writes: tensorstore still completes each one later, from its own thread, through this event loop,

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:
   from handlers.claims import Claims
+  from handlers.early_reads import EarlyReads
 
 DEFAULT_MAX_INFLIGHT_BYTES = 128 << 20
 
@@ -51,6 +52,8 @@ class WriteOptions:
   # zstd (Orbax's default for zarr3, level 3), or no compression: larger files, no compressor on the critical
   # path (Orbax's own ArrayOptions.Saving.use_compression; every reader, MaxText's included, reads both).
   compression: bool = True
+  # The save's first blocks, read while the save was being set up (handlers/early_reads.py): taken, not re-read.
+  early_reads: EarlyReads | None = None
 
 
 class SaveCancelled(RuntimeError):

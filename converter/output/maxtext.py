@@ -49,8 +49,12 @@ class MaxTextOutput:
     """Saves `plan` as step 0; with several processes every process calls this with the same arguments and
     writes its share."""
     primary = self._run.processes.is_primary
-    with lock.hold(self.path, on_lost=self._run.cancel) if primary else contextlib.nullcontext():
-      return self._attempt(plan, options, record)
+    try:
+      with lock.hold(self.path, on_lost=self._run.cancel) if primary else contextlib.nullcontext():
+        return self._attempt(plan, options, record)
+    finally:
+      if self._run.early_reads is not None:
+        self._run.early_reads.close()
 
   def _attempt(self, plan: Plan, options: SaveOptions, record: ConversionRecord) -> Written:
     run, processes = self._run, self._run.processes
@@ -71,7 +75,7 @@ class MaxTextOutput:
       items_path = orbax_writer.save(
           resume.with_salvage(plan, salvage) if salvage else plan, self._destination, options,
           custom_metadata=record.custom_metadata(), on_block_written=block_written, cancel=run.cancel,
-          processes=processes)
+          processes=processes, early_reads=None if salvage and salvage.blocks else run.early_reads)
     except BaseException as e:
       # A lazy save's work is parked for --resume; an eager one's is never a loadable checkpoint: dropped.
       kept = journal is not None and resume.park(self._destination, journal)

@@ -33,6 +33,7 @@ from handlers import (
     lazy_tensor_context,
     unhandled_leaves,
 )
+from handlers.early_reads import EarlyReads
 
 
 def save(
@@ -44,6 +45,7 @@ def save(
     on_block_written: Callable[[BlockWritten], None] | None = None,
     cancel: threading.Event | None = None,
     processes: Processes = Processes(),
+    early_reads: EarlyReads | None = None,
 ) -> str:
   """Saves `plan` as step 0 of the destination; returns the items path MaxText loads. Raises ConversionError
   naming the output (and the leaf, where one failed); what a failed save leaves is the caller's to clean up."""
@@ -56,7 +58,7 @@ def save(
     add_tensorstore_resources(storage.tensorstore_resources())
     write_options = WriteOptions(max_inflight_bytes=options.max_inflight_bytes, on_block_written=on_block_written,
                                  cancel=cancel, processes=processes, claims=processes_lib.claims(processes),
-                                 compression=options.compression)
+                                 compression=options.compression, early_reads=early_reads)
     checkpointer = ocp.v1.training.Checkpointer(storage.epath_of(output_dir),
                                                 context=lazy_tensor_context(write_options))
     try:

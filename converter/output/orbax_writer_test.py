@@ -8,7 +8,7 @@ import threading
 import numpy as np
 from absl.testing import absltest
 
-from converter import conversion
+from converter import conversion, lazy_leaves
 from converter.errors import ConversionError
 from converter.options import PlanOptions, SaveOptions
 from converter.output import orbax_writer
@@ -55,6 +55,24 @@ class OrbaxWriterTest(absltest.TestCase):
     destination = self._destination()
     with self.assertRaisesRegex(ConversionError, f"^{destination.path}: interrupted$"):
       orbax_writer.save(self.plan, destination, SaveOptions(devices=1), custom_metadata={}, cancel=cancel)
+    self.assertFalse(destination.has_committed_step())
+
+  def test_a_save_cancelled_while_its_last_blocks_are_in_flight_commits_nothing(self):
+    options = SaveOptions(devices=1)
+    *_, sizes = lazy_leaves.write_blocks(self.plan, options.max_inflight_bytes)
+    written = []
+    cancel = threading.Event()
+
+    def block_written(block):
+      written.append(block)
+      if len(written) == len(sizes):  # Every block has been started: only a check after the last one sees this.
+        cancel.set()
+
+    destination = self._destination()
+    with self.assertRaisesRegex(ConversionError, f"^{destination.path}: interrupted$"):
+      orbax_writer.save(self.plan, destination, options, custom_metadata={}, cancel=cancel,
+                        on_block_written=block_written)
+    self.assertLen(written, len(sizes))
     self.assertFalse(destination.has_committed_step())
 
 

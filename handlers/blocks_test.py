@@ -12,7 +12,8 @@ from absl.testing import absltest  # pylint: disable=g-import-not-at-top
 
 from handlers import LazyTensor, ShardedLazyTensor  # pylint: disable=g-import-not-at-top
 from handlers import _orbax_private  # pylint: disable=g-import-not-at-top
-from handlers.streaming import inner_chunk_shape, write_block_shape, write_shape  # pylint: disable=g-import-not-at-top
+from handlers.blocks import (  # pylint: disable=g-import-not-at-top
+    blocks_in_order, inner_chunk_shape, plan_blocks, write_block_shape, write_shape)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,7 +39,7 @@ def _sharded(shape, loader, axis=0):
                            jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*spec)))
 
 
-class StreamingTest(absltest.TestCase):
+class DeviceShardsTest(absltest.TestCase):
 
   def test_slabs_are_cut_at_device_shards(self):
     # 16384 rows over 16 devices: 1024 a device. A 4681-row slab would give a one-row stored grid (gcd).
@@ -91,6 +92,23 @@ class ReadChunksTest(absltest.TestCase):
     self.assertEqual(spec["metadata"]["codecs"][0]["configuration"]["chunk_shape"], [1024, 2048])  # Not mutated.
     zarr2 = {"driver": "zarr", "metadata": {"chunks": [4, 4]}}
     self.assertIs(_orbax_private.with_inner_chunks(zarr2, (2, 2)), zarr2)
+
+
+class BlocksInOrderTest(absltest.TestCase):
+
+  def test_the_same_blocks_in_the_same_order_as_plan_blocks(self):
+    # What the early reads read first (handlers/early_reads.py) is what the writer asks for first.
+    values = [_sharded((16384, 8), RowSlabs((16384, 8), 4681)),
+              LazyTensor("wo", (6144, 2048), np.float16, RowSlabs((6144, 2048), 1365), chunk_shape=(6144, 32)),
+              LazyTensor("n", (8,), np.float32, lambda: np.zeros(8, np.float32))]
+    for target in (1 << 16, 1 << 24):
+      _, indices, sizes = plan_blocks(values, target)
+      planned = [(leaf, index, nbytes) for (leaf, index), nbytes in
+                 zip([(leaf, index) for leaf, leaf_indices in enumerate(indices) for index in leaf_indices], sizes)]
+      in_order = [(next(i for i, v in enumerate(values) if v is lazy), index, nbytes)
+                  for lazy, index, nbytes in blocks_in_order(values, target)]
+      self.assertEqual(in_order, planned)
+      self.assertGreater(len(planned), len(values))
 
 
 if __name__ == "__main__":
