@@ -29,6 +29,11 @@ def lazy_tensor(leaf: Leaf) -> LazyTensor:
   return LazyTensor(_described(leaf), leaf.shape, leaf.dtype, leaf.loader, leaf.chunk_shape)
 
 
+def _sharded_lazy_tensor(leaf: Leaf, sharding: Any) -> ShardedLazyTensor:
+  """`leaf` over devices: `sharding` is a JAX sharding, or `_DeviceShards` where only the block cut asks for it."""
+  return ShardedLazyTensor(_described(leaf), leaf.shape, leaf.dtype, leaf.loader, sharding, leaf.chunk_shape)
+
+
 def write_blocks(plan: Plan, max_inflight_bytes: int):
   """Every leaf's lazy tensor, and the writer's cut of them under this budget (handlers.blocks.plan_blocks:
   each leaf's block shape and block indices, and every block's bytes)."""
@@ -71,8 +76,8 @@ def read_early(plan: Plan, *, devices: int, max_inflight_bytes: int) -> EarlyRea
   """Starts reading, on a worker thread, the blocks a one-process lazy save of `plan` on `devices` writes first,
   cut as `lazy_tree`'s leaves will be, without JAX (handlers/early_reads.py)."""
   shards = _DeviceShards(devices)
-  values = [ShardedLazyTensor(_described(leaf), leaf.shape, leaf.dtype, leaf.loader, shards, leaf.chunk_shape)
-            if devices > 1 else lazy_tensor(leaf) for leaf in in_writing_order(plan)]
+  values = [_sharded_lazy_tensor(leaf, shards) if devices > 1 else lazy_tensor(leaf)
+            for leaf in in_writing_order(plan)]
   return EarlyReads(values, max_inflight_bytes)
 
 
@@ -94,8 +99,7 @@ def lazy_tree(plan: Plan, *, lazy: bool, devices: int, processes: Processes) -> 
   mesh = jax.sharding.Mesh(np.array(jax.devices()[:devices]), ("devices",))
 
   def sharded(leaf: Leaf) -> Any:
-    value = ShardedLazyTensor(_described(leaf), leaf.shape, leaf.dtype, leaf.loader, _sharding_for(leaf.shape, mesh),
-                              leaf.chunk_shape)
+    value = _sharded_lazy_tensor(leaf, _sharding_for(leaf.shape, mesh))
     return value if lazy else jax.device_put(value.materialize(), value.sharding)
 
   return plan.tree(sharded)
