@@ -9,8 +9,9 @@ import numpy as np
 Shape = tuple[int, ...]  # An array's shape, everywhere in the converter.
 
 _CACHE_LINE = 64
-_SLAB_ROWS = (16, 64)  # The fewest and most source rows `transpose_last_two` copies at a time.
-_SCRATCH_BYTES = 2 << 20  # ... and as many as fit here (about this machine's L2): measured best.
+_BAND_BYTES = 2 << 10  # Of each source row, `transpose_last_two` copies this many bytes at a time ...
+_SLAB_ROWS = (16, 256)  # ... of at least and at most this many rows ...
+_SCRATCH_BYTES = 1 << 20  # ... and of as many rows as fit here (this machine's L2 per core): measured best.
 _BITS = {1: np.dtype(np.uint8), 2: np.dtype(np.uint16), 4: np.dtype(np.uint32), 8: np.dtype(np.uint64)}
 
 
@@ -43,21 +44,23 @@ def private_copy(view: np.ndarray, dtype: np.dtype, transpose: bool = False) -> 
 
 
 def transpose_last_two(x: np.ndarray) -> np.ndarray:
-  """`x` with its last two axes swapped, C-contiguous, copied a slab of source rows at a time.
+  """`x` with its last two axes swapped, C-contiguous, copied a tile of the source at a time.
 
   numpy's own strided copy walks the whole destination column by column and misses the cache on every
-  element. Copying a thin slab of rows at a time keeps both sides in cache, except where the row length is a
-  power of two (2048 or 4096 bfloat16 values: most weight matrices): the slab's rows then fall on the same
-  cache sets and evict one another as the copy reads down its columns. So each slab is first copied, row by
-  row, into a scratch buffer whose rows are one cache line longer, and transposed from there (speeds in the
-  README, "Larger than RAM"). Transposes are most of what a conversion does to the bytes besides
+  element. Copying a tile (a band of 2 KiB of up to 256 source rows) at a time keeps both sides in cache, and
+  each destination row receives up to 256 values per visit instead of a few cache lines' worth (a slab of whole
+  rows had room for 16 to 64 of them: on 2048 x 18992 bfloat16, a vocabulary's slab, twice as slow). Where the
+  row length is a power of two (2048 or 4096 bfloat16 values: most weight matrices) the tile's rows fall on the
+  same cache sets and evict one another as the copy reads down its columns, so each tile is first copied, row
+  by row, into a scratch buffer whose rows are one cache line longer, and transposed from there (speeds in
+  docs/memory-and-streaming.md). Transposes are most of what a conversion does to the bytes besides
   (de)compressing them.
   """
   rows, cols = x.shape[-2:]
   out = np.empty(x.shape[:-2] + (cols, rows), dtype=x.dtype)
   source, target = as_bits(x), as_bits(out)
-  if x.ndim > 2 and rows * cols * x.dtype.itemsize >= _SCRATCH_BYTES // 4:
-    for i in np.ndindex(x.shape[:-2]):  # Whole matrices one by one, so that slabs stay tall.
+  if x.ndim > 2 and rows * cols * x.dtype.itemsize >= _SCRATCH_BYTES // 2:
+    for i in np.ndindex(x.shape[:-2]):  # Whole matrices one by one, so that tiles stay tall.
       _transpose_into(target[i], source[i])
   else:
     _transpose_into(target, source)
@@ -65,14 +68,19 @@ def transpose_last_two(x: np.ndarray) -> np.ndarray:
 
 
 def _transpose_into(target: np.ndarray, source: np.ndarray) -> None:
-  """`target[...] = swapaxes(source, -1, -2)` through the padded scratch slabs `transpose_last_two` describes."""
+  """`target[...] = swapaxes(source, -1, -2)` through the padded scratch tiles `transpose_last_two` describes."""
   rows, cols = source.shape[-2:]
   itemsize = source.dtype.itemsize
-  padded_row_bytes = (cols * itemsize + _CACHE_LINE) * math.prod(source.shape[:-2])
+  band = min(cols, max(1, _BAND_BYTES // itemsize))
+  padded_row_bytes = (band * itemsize + _CACHE_LINE) * math.prod(source.shape[:-2])
   fitting = _SCRATCH_BYTES // max(padded_row_bytes, 1)
   slab = max(_SLAB_ROWS[0], min(_SLAB_ROWS[1], 1 << max(0, fitting.bit_length() - 1)))
-  scratch = np.empty(source.shape[:-2] + (slab, cols + _CACHE_LINE // itemsize), source.dtype)[..., :cols]
-  for start in range(0, rows, slab):
-    n = min(slab, rows - start)
-    scratch[..., :n, :] = source[..., start : start + n, :]
-    target[..., start : start + n] = np.swapaxes(scratch[..., :n, :], -1, -2)
+  scratch = np.empty(source.shape[:-2] + (slab, band + _CACHE_LINE // itemsize), source.dtype)
+  for first_col in range(0, cols, band):
+    width = min(band, cols - first_col)
+    columns = slice(first_col, first_col + width)
+    for start in range(0, rows, slab):
+      n = min(slab, rows - start)
+      tile = scratch[..., :n, :width]
+      tile[...] = source[..., start : start + n, columns]
+      target[..., columns, start : start + n] = np.swapaxes(tile, -1, -2)

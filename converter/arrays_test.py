@@ -1,4 +1,4 @@
-"""The slab transpose equals numpy's, bit for bit, for 2-D and stacked (3-D) arrays, and is contiguous."""
+"""The tiled transpose equals numpy's, bit for bit, for 2-D and stacked (3-D) arrays, and is contiguous."""
 
 import ml_dtypes
 import numpy as np
@@ -24,12 +24,13 @@ class ArraysTest(absltest.TestCase):
       self.assertEqual(y.dtype, x.dtype)
       np.testing.assert_array_equal(arrays.as_bits(y), np.swapaxes(arrays.as_bits(x), -1, -2))  # NaNs included.
 
-  def test_transpose_across_slabs_power_of_two_widths_and_stacked_matrices(self):
+  def test_transpose_across_tiles_power_of_two_widths_and_stacked_matrices(self):
     rng = np.random.default_rng(1)
-    cases = ((ml_dtypes.bfloat16, (130, 2048)),  # Slabs of 64 rows and a partial last one; a power-of-two width.
+    cases = ((ml_dtypes.bfloat16, (130, 2048)),  # Two bands of 1024 columns; a power-of-two width.
+             (ml_dtypes.bfloat16, (300, 2500)),  # Two tiles of rows (256 and 44) by three bands, the last partial.
              (np.float32, (2, 200, 1024)),  # Stacked matrices large enough to go one by one.
-             (np.float32, (3, 17, 4096)),  # Stacked and small: one slab spans every matrix.
-             (np.uint8, (40, 70000)),  # Rows too wide for more than the fewest rows per slab (16), and a partial one.
+             (np.float32, (3, 17, 4096)),  # Stacked and small: each tile spans every matrix.
+             (np.uint8, (40, 70000)),  # Bands of 2048 columns and a partial one.
              (ml_dtypes.float8_e4m3fn, (64, 64)))
     for dtype, shape in cases:
       x = rng.integers(0, 256, size=shape[:-1] + (shape[-1] * np.dtype(dtype).itemsize,), dtype=np.uint8).view(dtype)
