@@ -12,6 +12,7 @@ _CACHE_LINE = 64
 _BAND_BYTES = 2 << 10  # Of each source row, `transpose_last_two` copies this many bytes at a time ...
 _SLAB_ROWS = (16, 256)  # ... of at least and at most this many rows ...
 _SCRATCH_BYTES = 1 << 20  # ... and of as many rows as fit here (this machine's L2 per core): measured best.
+TRANSPOSE_TILE_ROWS = _SLAB_ROWS[1]  # A transpose cut into runs of this many source rows keeps its speed.
 _BITS = {1: np.dtype(np.uint8), 2: np.dtype(np.uint16), 4: np.dtype(np.uint32), 8: np.dtype(np.uint64)}
 
 
@@ -37,10 +38,21 @@ def assign(target: np.ndarray, value: np.ndarray) -> None:
 def private_copy(view: np.ndarray, dtype: np.dtype, transpose: bool = False) -> np.ndarray:
   """A fresh C-contiguous copy of `view` (a file map's, a download's) in `dtype`, with its last two axes swapped
   when `transpose`; one pass over the bytes, moved as bits, where no cast is needed."""
-  if view.dtype != dtype:
-    view = np.array(view, dtype=dtype, order="C")
-    return transpose_last_two(view) if transpose else view
-  return transpose_last_two(view) if transpose else np.array(as_bits(view), order="C", copy=True).view(dtype)
+  shape = view.shape[:-2] + (view.shape[-1], view.shape[-2]) if transpose else view.shape
+  out = np.empty(shape, dtype)
+  copy_into(out, view, transpose)
+  return out
+
+
+def copy_into(target: np.ndarray, view: np.ndarray, transpose: bool = False) -> None:
+  """`target[...] = view` (`swapaxes(view, -1, -2)` when `transpose`), cast to `target`'s dtype; one pass over
+  the bytes, moved as bits, where no cast is needed."""
+  if not transpose:
+    assign(target, view)
+    return
+  if view.dtype != target.dtype:
+    view = np.array(view, dtype=target.dtype, order="C")
+  transpose_into(target, view)
 
 
 def transpose_last_two(x: np.ndarray) -> np.ndarray:
@@ -56,18 +68,24 @@ def transpose_last_two(x: np.ndarray) -> np.ndarray:
   docs/memory-and-streaming.md). Transposes are most of what a conversion does to the bytes besides
   (de)compressing them.
   """
-  rows, cols = x.shape[-2:]
-  out = np.empty(x.shape[:-2] + (cols, rows), dtype=x.dtype)
-  source, target = as_bits(x), as_bits(out)
-  if x.ndim > 2 and rows * cols * x.dtype.itemsize >= _SCRATCH_BYTES // 2:
-    for i in np.ndindex(x.shape[:-2]):  # Whole matrices one by one, so that tiles stay tall.
-      _transpose_into(target[i], source[i])
-  else:
-    _transpose_into(target, source)
+  out = np.empty(x.shape[:-2] + x.shape[:-3:-1], dtype=x.dtype)
+  transpose_into(out, x)
   return out
 
 
-def _transpose_into(target: np.ndarray, source: np.ndarray) -> None:
+def transpose_into(target: np.ndarray, source: np.ndarray) -> None:
+  """`target[...] = swapaxes(source, -1, -2)` for arrays of one dtype, as `transpose_last_two` copies: where a
+  caller places the transpose into a larger array, without a second copy."""
+  rows, cols = source.shape[-2:]
+  source, target = as_bits(source), as_bits(target)
+  if source.ndim > 2 and rows * cols * source.dtype.itemsize >= _SCRATCH_BYTES // 2:
+    for i in np.ndindex(source.shape[:-2]):  # Whole matrices one by one, so that tiles stay tall.
+      _transpose_tiles(target[i], source[i])
+  else:
+    _transpose_tiles(target, source)
+
+
+def _transpose_tiles(target: np.ndarray, source: np.ndarray) -> None:
   """`target[...] = swapaxes(source, -1, -2)` through the padded scratch tiles `transpose_last_two` describes."""
   rows, cols = source.shape[-2:]
   itemsize = source.dtype.itemsize

@@ -59,6 +59,17 @@ class ArraysTest(absltest.TestCase):
         self.assertTrue(copy.flags.c_contiguous and copy.flags.writeable)
         self.assertFalse(np.shares_memory(copy, x))
 
+  def test_copy_into_places_pieces_of_a_larger_array(self):
+    rng = np.random.default_rng(2)
+    x = rng.integers(0, 1 << 16, size=(600, 300), dtype=np.uint16).view(ml_dtypes.bfloat16)
+    transposed = np.zeros((300, 600), ml_dtypes.bfloat16)
+    as_float = np.zeros((600, 300), np.float32)
+    for rows in (slice(0, 256), slice(256, 512), slice(512, 600)):  # As mapped_file copies a region.
+      arrays.copy_into(transposed[:, rows], x[rows], transpose=True)
+      arrays.copy_into(as_float[rows], x[rows])
+    np.testing.assert_array_equal(arrays.as_bits(transposed), arrays.as_bits(x).T)  # NaN payloads included.
+    np.testing.assert_array_equal(as_float, x.astype(np.float32))
+
 
 if __name__ == "__main__":
   absltest.main()
