@@ -1,10 +1,9 @@
 """Reads slices of the arrays in an Orbax checkpoint, one at a time, without restoring any whole leaf.
 
-The only module of the MaxText -> HF direction that talks to Orbax and TensorStore. Orbax's restore APIs
+The only module of the MaxText -> HF direction that talks to TensorStore. Orbax's restore APIs
 materialise whole leaves (or whole device shards of a sharding one must build), so instead each stored array is
 opened as a TensorStore through the read spec Orbax itself uses (`NumpyHandler.deserialize` ->
-`build_array_read_spec`; reachable in orbax-checkpoint 0.12.8 through the public
-`ocp.type_handlers.get_json_tspec_read`, so no private module is imported), and indexed. This reads
+`build_array_read_spec`), rebuilt by converter/orbax_format.py without importing Orbax, and indexed. This reads
 checkpoints whose leaves were saved as np.ndarray (1 device) and as sharded jax.Array (N devices) alike: the
 on-disk array is the same zarr3 array in OCDBT either way, only its chunking differs.
 
@@ -25,13 +24,11 @@ import math
 from typing import Any
 
 import numpy as np
-import orbax.checkpoint as ocp
 from absl import logging
 import tensorstore as ts
-from etils import epath
 
 from converter.arrays import Shape
-from converter import storage
+from converter import orbax_format, storage
 from converter.errors import ConversionError
 
 Index = tuple[Any, ...]  # ints and slices, as numpy takes them.
@@ -134,26 +131,18 @@ class CheckpointReader:
 
   def __init__(self, items_path: str, dequantize_fp8: bool = False):
     self.items_path = items_path
-    if not storage.is_file(storage.join(items_path, "_METADATA")):
-      raise ConversionError(f"{items_path}: not an Orbax PyTree checkpoint (no _METADATA file)")
-    handler = ocp.PyTreeCheckpointHandler()
-    try:
-      metadata = handler.metadata(epath.Path(items_path))
-      self._use_ocdbt = bool(ocp.type_handlers.is_ocdbt_checkpoint(epath.Path(items_path)))
-    except Exception as e:  # Orbax raises assorted types for a corrupt or foreign _METADATA.
-      raise ConversionError(f"{items_path}: cannot read the checkpoint's metadata: {type(e).__name__}: {e}") from e
-    finally:
-      handler.close()
-    self._use_zarr3 = bool(metadata.use_zarr3)
+    self._layout = orbax_format.read_tree_layout(items_path)
     self._probe_context = self._context(0)
     self._chunk_shapes: dict[tuple[str, ...], Shape] = {}
     self.arrays: dict[tuple[str, ...], StoredArray] = {}
-    self.other_leaves: list[tuple[str, ...]] = []  # Scalars (the step) and anything that is not an array.
-    for key_path, value in _flatten(metadata.tree):
-      if hasattr(value, "shape") and hasattr(value, "dtype") and getattr(value, "name", None) and value.shape:
-        self.arrays[key_path] = StoredArray(key_path, value.name, tuple(value.shape), np.dtype(value.dtype))
-      else:
-        self.other_leaves.append(key_path)
+    paths = self._layout.array_paths
+    opening = [(path, self._open_store_async(path, self._probe_context)) for path in paths]  # All in flight at once.
+    for path, future in opening:
+      store = self._opened(path, future)
+      if store.rank:  # The scalar step, stored as an array by older writers, is not a weight.
+        self.arrays[path] = StoredArray(path, orbax_format.param_name(path), tuple(int(d) for d in store.shape),
+                                        np.dtype(store.dtype.numpy_dtype))
+        self._chunk_shapes[path] = tuple(int(d) for d in store.chunk_layout.read_chunk.shape)
     if dequantize_fp8:
       self._present_fp8_dequantized()
 
@@ -190,15 +179,10 @@ class CheckpointReader:
     return OpenArray(self, array, store)
 
   def chunk_shape(self, array: StoredArray) -> Shape:
-    """The shape of the chunks `array` is stored (and decoded) in; of its FP8 values for a dequantized leaf.
-    Learnt by opening the array once without a cache, and remembered."""
+    """The shape of the chunks `array` is stored (and decoded) in; of its FP8 values for a dequantized leaf."""
     if array.fp8 is not None:
       return self.chunk_shape(array.fp8[0])
-    chunk = self._chunk_shapes.get(array.path)
-    if chunk is None:
-      probe = self._open_store(array, self._probe_context)
-      chunk = self._chunk_shapes[array.path] = tuple(int(d) for d in probe.chunk_layout.read_chunk.shape)
-    return chunk
+    return self._chunk_shapes[array.path]
 
   def first_chunk(self, array: StoredArray, index: Index) -> tuple[int, ...]:
     """Grid coordinates of the first stored chunk `array[index]` touches (ints and step-1 slices)."""
@@ -208,28 +192,24 @@ class CheckpointReader:
 
   def _open_store(self, array: StoredArray, context: ts.Context) -> Any:
     """`array` opened through the read spec Orbax itself uses, with `context`'s chunk cache."""
-    info = ocp.type_handlers.ParamInfo(
-        name=array.name, parent_dir=epath.Path(self.items_path), use_zarr3=self._use_zarr3,
-        is_ocdbt_checkpoint=self._use_ocdbt, ts_context=self._probe_context,
-    )
-    spec = ts.Spec(ocp.type_handlers.get_json_tspec_read(info, use_ocdbt=self._use_ocdbt))
+    return self._opened(array.path, self._open_store_async(array.path, context))
+
+  def _open_store_async(self, path: tuple[str, ...], context: ts.Context) -> Any:
+    layout = self._layout
+    spec = orbax_format.array_read_spec(self.items_path, orbax_format.param_name(path), layout.use_zarr3,
+                                        layout.use_ocdbt)
+    return ts.open(spec, open=True, context=context)
+
+  def _opened(self, path: tuple[str, ...], future: Any) -> Any:
     try:
-      return ts.open(spec, open=True, context=context).result()
+      return future.result()
     except Exception as e:  # TensorStore raises ValueError / RuntimeError with its own status text.
-      raise ConversionError(f"{self.items_path}: cannot open leaf {'/'.join(array.path)}: {e}") from e
+      raise ConversionError(f"{self.items_path}: cannot open leaf {'/'.join(path)}: {e}") from e
 
   def _context(self, cache_bytes: int) -> ts.Context:
     spec: dict[str, Any] = {"file_io_concurrency": {"limit": 128}, "cache_pool": {"total_bytes_limit": cache_bytes},
                             **storage.tensorstore_resources()}
-    if self._use_ocdbt:
+    if self._layout.use_ocdbt:
       spec["cache_pool#ocdbt"] = {"total_bytes_limit": 100_000_000}  # B-tree nodes, as Orbax's own reads do.
     return ts.Context(spec)
 
-
-def _flatten(tree: Any, prefix: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], Any]]:
-  """(keys, leaf) pairs of a nested dict (lists and tuples by position), in sorted key order."""
-  if isinstance(tree, dict):
-    return [pair for key in sorted(tree, key=str) for pair in _flatten(tree[key], prefix + (str(key),))]
-  if isinstance(tree, (list, tuple)):
-    return [pair for i, item in enumerate(tree) for pair in _flatten(item, prefix + (str(i),))]
-  return [(prefix, tree)]

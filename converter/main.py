@@ -151,14 +151,17 @@ def _peak_rss_bytes() -> int:
 
 
 def _run_context(**kwargs) -> RunContext:
-  """The run around a conversion; JAX (and its distributed runtime) must have started."""
-  from converter import processes  # pylint: disable=g-import-not-at-top
+  """The run around a conversion; with several processes, JAX's distributed runtime must have joined them."""
+  if _several_processes():
+    from converter import processes  # pylint: disable=g-import-not-at-top
 
-  return RunContext(processes=processes.current(), overwrite=FLAGS.overwrite, resume=FLAGS.resume, **kwargs)
+    kwargs["processes"] = processes.current()
+  return RunContext(overwrite=FLAGS.overwrite, resume=FLAGS.resume, **kwargs)
 
 
 def _run_to_huggingface() -> None:
-  _start_jax(1, distributed=True)  # Nothing is placed on devices: arrays are read slice by slice into numpy.
+  if _several_processes():  # JAX only joins them: arrays are read slice by slice into numpy, never onto devices.
+    _start_jax(1, distributed=True)
   from converter import to_huggingface  # pylint: disable=g-import-not-at-top
 
   _start_up_done()

@@ -9,7 +9,7 @@ import time
 import psutil
 import tqdm
 
-from handlers import BlockWritten
+from handlers.write_options import BlockWritten
 
 
 class Progress:

@@ -423,29 +423,50 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
-def start_up_cost(runs: int) -> tuple[float, float, float]:
-  """Median wall and CPU-seconds of converting the bundled tiny checkpoint (0.4 MB): what a run costs before its
-  first byte (interpreter, imports, JAX's runtime), which the floors, timed inside a running process, do not pay;
-  and the median seconds from starting the process to its first block read."""
-  walls, cpus, first_reads = [], [], []
+@dataclasses.dataclass(frozen=True)
+class StartUp:
+  """Medians of what a run costs before its first byte, per direction: the floors, timed inside a running
+  process, do not pay it."""
+
+  wall: float  # To MaxText: interpreter, imports, JAX's runtime and Orbax.
+  cpu: float
+  first_read: float  # Seconds from starting the process to its first block read.
+  reverse_wall: float  # Back to HuggingFace (one process: neither JAX nor Orbax).
+  reverse_cpu: float
+
+
+def start_up_cost(runs: int) -> StartUp:
+  """The start-up of converting the bundled tiny checkpoint (0.4 MB) and of converting it back."""
+  walls, cpus, first_reads, reverse_walls, reverse_cpus = [], [], [], [], []
   scratch = os.path.join(FLAGS.work_dir, "tiny-out")
-  for run in range(2 * runs):  # Alternately plain (wall and CPU) and probed (the first read).
+  back = os.path.join(FLAGS.work_dir, "tiny-back")
+
+  def timed(command: list[str], walls: list[float], cpus: list[float]) -> None:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.monotonic()
+    subprocess.run(command, env=dict(os.environ, PYTHONPATH=_REPO), check=True, capture_output=True, text=True)
+    walls.append(time.monotonic() - start)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpus.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+
+  for run in range(2 * runs):  # Alternately plain (wall and CPU, and back) and probed (the first read).
     probed = run % 2 == 1
     command = [_PYTHON, *(["-c", _FIRST_READ_PROBE] if probed else []), os.path.join(_REPO, "converter", "main.py"),
                f"--hf_model_path={os.path.join(_REPO, 'testdata', 'tiny-qwen3')}", f"--output_dir={scratch}",
                "--overwrite", "--simulated_cpu_devices_count=1", "--noprogress"]
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    started, start = time.time(), time.monotonic()
-    result = subprocess.run(command, env=dict(os.environ, PYTHONPATH=_REPO), check=True, capture_output=True,
-                            text=True)
     if probed:
+      started = time.time()
+      result = subprocess.run(command, env=dict(os.environ, PYTHONPATH=_REPO), check=True, capture_output=True,
+                              text=True)
       first_reads.append(float(result.stderr.split("first block read at")[-1].split()[0]) - started)
       continue
-    walls.append(time.monotonic() - start)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpus.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+    timed(command, walls, cpus)
+    shutil.rmtree(back, ignore_errors=True)
+    timed(_reverse_command(os.path.join(scratch, "0", "items"), back), reverse_walls, reverse_cpus)
   shutil.rmtree(scratch, ignore_errors=True)
-  return statistics.median(walls), statistics.median(cpus), statistics.median(first_reads)
+  shutil.rmtree(back, ignore_errors=True)
+  median = statistics.median
+  return StartUp(median(walls), median(cpus), median(first_reads), median(reverse_walls), median(reverse_cpus))
 
 
 def _du(path: str) -> int:
@@ -687,7 +708,7 @@ CONVERSION_COLUMNS = ("conversion", "size", "devices", "scan", "wall (median)", 
 
 
 def _row(label: str, devices: str, wall: float, peak: float, out_bytes: int | str, moved_bytes: int, io: float,
-         codec: float | None, start_up: tuple[float, ...], note: str = "",
+         codec: float | None, start_up: tuple[float, float], note: str = "",
          cpu: tuple[float, float] | None = None, predicted_peak: int | None = None) -> tuple[str, ...]:
   out = f"{out_bytes / 1e9:.2f} GB" if isinstance(out_bytes, int) else out_bytes
   floor = max(io, codec or 0.0)
@@ -852,25 +873,28 @@ def main(argv: list[str]) -> None:
              f" Orbax's zarr3 codec, via tensorstore on every core)"
              f" median {encode:.1f} s ({encode_cpu:.1f} CPU-s), decompression (reading them back into a file, synced)"
              f" {decode:.1f} s ({decode_cpu:.1f} CPU-s); start-up"
-             f" (the bundled tiny checkpoint) {start_up[0]:.2f} s ({start_up[1]:.2f} CPU-s), its first block read"
-             f" {start_up[2]:.2f} s after the process started")
+             f" (the bundled tiny checkpoint) {start_up.wall:.2f} s ({start_up.cpu:.2f} CPU-s), its first block read"
+             f" {start_up.first_read:.2f} s after the process started; back to HuggingFace {start_up.reverse_wall:.2f} s"
+             f" ({start_up.reverse_cpu:.2f} CPU-s)")
+  forward_start_up, reverse_start_up = (start_up.wall, start_up.cpu), (start_up.reverse_wall, start_up.reverse_cpu)
   # The floors are the work alone; the "- start-up" columns take the start-up out of the conversion too: on a
   # checkpoint of a few GB it is a fifth of the floor, on one of a TB nothing. CPU seconds say which wall is bound
   # by work (CPU near cores x wall: only less work per byte helps) and which by waiting (cores left idle).
-  table_rows = [_row(f"{FLAGS.family} -> MaxText", devices, wall, peak, out_bytes, input_bytes, io, encode, start_up,
-                     cpu=(cpu, encode_cpu), predicted_peak=predicted)
+  table_rows = [_row(f"{FLAGS.family} -> MaxText", devices, wall, peak, out_bytes, input_bytes, io, encode,
+                     forward_start_up, cpu=(cpu, encode_cpu), predicted_peak=predicted)
                 for devices, wall, peak, out_bytes, _, cpu, predicted in rows]
   if reverse_rows:
     reverse_io = statistics.median(reverse_floors)
     table_rows += [_row("MaxText -> HuggingFace", devices, wall, peak, back_bytes, back_bytes, reverse_io, decode,
-                        start_up, cpu=(cpu, decode_cpu)) for devices, wall, peak, back_bytes, cpu in reverse_rows]
+                        reverse_start_up, cpu=(cpu, decode_cpu)) for devices, wall, peak, back_bytes, cpu in reverse_rows]
   table_rows += [_row(f"{FLAGS.family} -> MaxText, a rank-{FLAGS.lora_rank} LoRA adapter merged", devices, wall, peak,
-                     out_bytes, input_bytes, io, encode, start_up, cpu=(cpu, encode_cpu), predicted_peak=predicted)
+                     out_bytes, input_bytes, io, encode, forward_start_up, cpu=(cpu, encode_cpu),
+                     predicted_peak=predicted)
                  for devices, wall, peak, cpu, out_bytes, predicted in lora_rows]
   if native_rows:
     native_floor = statistics.median(native_floors)
     table_rows += [_row(f"{FLAGS.family} -> MaxText, --keep_fp8 (native fp8 output)", devices, wall, peak, out_bytes,
-                        input_bytes, native_floor, None, start_up, " (I/O)")
+                        input_bytes, native_floor, None, forward_start_up, " (I/O)")
                    for devices, wall, peak, out_bytes in native_rows]
   table_rows += _route_rows(rows, input_bytes, io, encode)
   tables = [ResultTable(caption, CONVERSION_COLUMNS, tuple(table_rows))]

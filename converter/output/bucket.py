@@ -18,7 +18,7 @@ from converter.errors import ConversionError
 from converter.output import layout
 from converter.output import lock as lock_lib
 from converter.output.destination import Journal, Lock, journal_line
-from handlers import BlockWritten
+from handlers.write_options import BlockWritten
 
 UPLOAD_INTERVAL_S = 0.5
 

@@ -14,7 +14,7 @@ import threading
 from typing import ContextManager, Protocol, Sequence
 
 from converter import storage
-from handlers import BlockWritten
+from handlers.write_options import BlockWritten
 
 
 class Lock(Protocol):

@@ -21,7 +21,7 @@ from converter.output import layout
 from converter.output import lock as lock_lib
 from converter.output.destination import Journal, Lock, journal_line
 from converter.write_behind import WriteBehindDirectory
-from handlers import BlockWritten
+from handlers.write_options import BlockWritten
 
 FSYNC_INTERVAL_S = 0.5
 

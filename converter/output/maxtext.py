@@ -20,7 +20,7 @@ from converter.output.destination import destination_for
 from converter.output.primary import all_then_on_primary, on_primary_then_all
 from converter.output.record import ConversionRecord
 from converter.plan import Plan
-from handlers import BlockWritten
+from handlers.write_options import BlockWritten
 
 
 @dataclasses.dataclass(frozen=True)

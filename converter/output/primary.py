@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Callable, TypeVar
 
 from converter import processes as processes_lib
-from handlers import Processes
+from handlers.write_options import Processes
 
 T = TypeVar("T")
 

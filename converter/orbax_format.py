@@ -1,0 +1,107 @@
+"""An Orbax PyTree checkpoint's layout on disk, read without importing Orbax (or JAX, which Orbax imports).
+
+The MaxText -> HF direction only reads: the tree of leaves in `_METADATA` (JSON), and each array through the
+TensorStore spec Orbax's own restore opens it with (orbax-checkpoint 0.12.8's `build_array_read_spec`: zarr3 or
+zarr v2, in the OCDBT database at the items directory or in a directory of its own). Importing Orbax for those
+two costs about 0.9 CPU-seconds of JAX and Orbax start-up on every run, more than a tenth of what converting a
+2.5 GB checkpoint back costs in all (docs/benchmark-results.md). orbax_format_test.py checks these specs against
+Orbax's `get_json_tspec_read` and the tree against Orbax's `PyTreeCheckpointHandler.metadata`, so a change in
+either shows up there rather than as an unreadable checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import posixpath
+from typing import Any
+
+from converter import storage
+from converter.errors import ConversionError
+
+METADATA_FILE = "_METADATA"
+OCDBT_MANIFEST_FILE = "manifest.ocdbt"
+ARRAY_VALUE_TYPES = ("jax.Array", "np.ndarray")  # What Orbax's array handlers record; scalars are "scalar".
+_SEQUENCE_KEY = 1  # Orbax's KeyType: a list or tuple position; 2 is a dict key.
+_REMOTE_READ_COALESCING = {  # Orbax's settings for reads from a bucket: adjacent chunk reads merged into one request.
+    "experimental_read_coalescing_threshold_bytes": 1000000,
+    "experimental_read_coalescing_merged_bytes": 500000000000,
+    "experimental_read_coalescing_interval": "1ms",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class TreeLayout:
+  """What `_METADATA` says of a checkpoint: its leaves and how its arrays are stored."""
+
+  leaves: tuple[tuple[tuple[str, ...], str], ...]  # (keys, Orbax's value type), dict keys sorted, lists in order.
+  use_zarr3: bool
+  use_ocdbt: bool
+
+  @property
+  def array_paths(self) -> list[tuple[str, ...]]:
+    return [keys for keys, value_type in self.leaves if value_type in ARRAY_VALUE_TYPES]
+
+
+def param_name(keys: tuple[str, ...]) -> str:
+  """Orbax's name of the leaf at `keys`: the array's path in the checkpoint."""
+  return ".".join(keys)
+
+
+def read_tree_layout(items_path: str) -> TreeLayout:
+  """The leaves of the PyTree checkpoint at `items_path` (e.g. OUT/0/items), from its `_METADATA`."""
+  metadata_path = storage.join(items_path, METADATA_FILE)
+  if not storage.is_file(metadata_path):
+    raise ConversionError(f"{items_path}: not an Orbax PyTree checkpoint (no {METADATA_FILE} file)")
+  try:
+    metadata = json.loads(storage.read_text(metadata_path))
+    leaves = []
+    for entry in metadata["tree_metadata"].values():
+      keys = tuple((str(key["key"]), key["key_type"]) for key in entry["key_metadata"])
+      value = entry["value_metadata"]
+      leaves.append((keys, "skipped" if value.get("skip_deserialize") else value["value_type"]))
+  except (ValueError, KeyError, TypeError, AttributeError) as e:
+    raise ConversionError(f"{metadata_path}: not the metadata of an Orbax PyTree checkpoint ({type(e).__name__}:"
+                          f" {e})") from e
+  order = lambda leaf: tuple((0, int(key), "") if kind == _SEQUENCE_KEY else (1, 0, key) for key, kind in leaf[0])
+  return TreeLayout(
+      leaves=tuple((tuple(key for key, _ in keys), value_type) for keys, value_type in sorted(leaves, key=order)),
+      use_zarr3=bool(metadata.get("use_zarr3", False)),
+      use_ocdbt=storage.is_file(storage.join(items_path, OCDBT_MANIFEST_FILE)),
+  )
+
+
+def array_read_spec(items_path: str, name: str, use_zarr3: bool, use_ocdbt: bool) -> dict[str, Any]:
+  """The TensorStore spec Orbax restores the array `name` of the checkpoint at `items_path` with."""
+  directory = _normalize(items_path)
+  if use_ocdbt:
+    if storage.is_remote(directory):
+      base = _gcs_kvstore(directory)
+      kvstore = {"driver": "ocdbt", "base": base, "path": name, "cache_pool": "cache_pool#ocdbt",
+                 **_REMOTE_READ_COALESCING}
+    else:
+      base = {"driver": "file", "path": directory + "/"}
+      kvstore = {"driver": "ocdbt", "base": {**base, "file_io_locking": {"mode": "non_atomic"}}, "manifest": base,
+                 "path": name, "cache_pool": "cache_pool#ocdbt"}
+  else:
+    path = posixpath.join(directory, name)
+    kvstore = _gcs_kvstore(path) if storage.is_remote(path) else {"driver": "file", "path": path}
+  return {"driver": "zarr3" if use_zarr3 else "zarr", "kvstore": kvstore, "recheck_cached_data": False,
+          "recheck_cached_metadata": False, "fill_missing_data_reads": False}
+
+
+def _normalize(path: str) -> str:
+  if storage.is_remote(path):
+    scheme, bucket, name = storage.split_bucket(path)
+    return f"{scheme}://{bucket}/{posixpath.normpath(name)}".rstrip("/") if name else f"{scheme}://{bucket}"
+  if not os.path.isabs(path):
+    raise ConversionError(f"{path}: a checkpoint path must be absolute here")
+  return os.path.normpath(path)
+
+
+def _gcs_kvstore(path: str) -> dict[str, Any]:
+  scheme, bucket, name = storage.split_bucket(path)
+  if scheme != "gs":
+    raise ConversionError(f"{path}: Orbax checkpoints are read from gs:// buckets or local disks only")
+  return {"driver": os.environ.get("TENSORSTORE_GCS_BACKEND", "gcs"), "bucket": bucket, "path": name}
