@@ -135,8 +135,8 @@ class CheckpointReader:
     self._probe_context = self._context(0)
     self._chunk_shapes: dict[tuple[str, ...], Shape] = {}
     self.arrays: dict[tuple[str, ...], StoredArray] = {}
-    paths = self._layout.array_paths
-    opening = [(path, self._open_store_async(path, self._probe_context)) for path in paths]  # All in flight at once.
+    opening = [(path, self._open_store_async(path, self._probe_context))  # All in flight at once.
+               for path in self._layout.array_paths]
     for path, future in opening:
       store = self._opened(path, future)
       if store.rank:  # The scalar step, stored as an array by older writers, is not a weight.

@@ -19,9 +19,7 @@ from typing import Any
 
 from converter import storage
 from converter.errors import ConversionError
-
-METADATA_FILE = "_METADATA"
-OCDBT_MANIFEST_FILE = "manifest.ocdbt"
+from converter.output import layout
 ARRAY_VALUE_TYPES = ("jax.Array", "np.ndarray")  # What Orbax's array handlers record; scalars are "scalar".
 _SEQUENCE_KEY = 1  # Orbax's KeyType: a list or tuple position; 2 is a dict key.
 _REMOTE_READ_COALESCING = {  # Orbax's settings for reads from a bucket: adjacent chunk reads merged into one request.
@@ -51,9 +49,9 @@ def param_name(keys: tuple[str, ...]) -> str:
 
 def read_tree_layout(items_path: str) -> TreeLayout:
   """The leaves of the PyTree checkpoint at `items_path` (e.g. OUT/0/items), from its `_METADATA`."""
-  metadata_path = storage.join(items_path, METADATA_FILE)
+  metadata_path = storage.join(items_path, layout.TREE_METADATA)
   if not storage.is_file(metadata_path):
-    raise ConversionError(f"{items_path}: not an Orbax PyTree checkpoint (no {METADATA_FILE} file)")
+    raise ConversionError(f"{items_path}: not an Orbax PyTree checkpoint (no {layout.TREE_METADATA} file)")
   try:
     metadata = json.loads(storage.read_text(metadata_path))
     leaves = []
@@ -68,7 +66,7 @@ def read_tree_layout(items_path: str) -> TreeLayout:
   return TreeLayout(
       leaves=tuple((tuple(key for key, _ in keys), value_type) for keys, value_type in sorted(leaves, key=order)),
       use_zarr3=bool(metadata.get("use_zarr3", False)),
-      use_ocdbt=storage.is_file(storage.join(items_path, OCDBT_MANIFEST_FILE)),
+      use_ocdbt=storage.is_file(storage.join(items_path, layout.OCDBT_MANIFEST)),
   )
 
 

@@ -104,7 +104,8 @@ def items_path_of(checkpoint_path: str) -> str:
   """OUT/0/items as given, or found below OUT/0 (a step directory)."""
   path = storage.resolve(checkpoint_path)
   items = storage.join(path, orbax_layout.ITEMS)
-  if not storage.is_file(storage.join(path, "_METADATA")) and storage.is_file(storage.join(items, "_METADATA")):
+  if (not storage.is_file(storage.join(path, orbax_layout.TREE_METADATA))
+      and storage.is_file(storage.join(items, orbax_layout.TREE_METADATA))):
     return items
   if not storage.exists(path):
     raise ConversionError(f"{path}: no such checkpoint directory (expected OUTPUT_DIR/0/items)")

@@ -441,28 +441,31 @@ def start_up_cost(runs: int) -> StartUp:
   scratch = os.path.join(FLAGS.work_dir, "tiny-out")
   back = os.path.join(FLAGS.work_dir, "tiny-back")
 
-  def timed(command: list[str], walls: list[float], cpus: list[float]) -> None:
+  def run(command: list[str]) -> tuple[str, float, float, float]:
+    """The run's stderr, the time.time() it started at, its wall and its CPU-seconds."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    start = time.monotonic()
-    subprocess.run(command, env=dict(os.environ, PYTHONPATH=_REPO), check=True, capture_output=True, text=True)
-    walls.append(time.monotonic() - start)
+    started, start = time.time(), time.monotonic()
+    result = subprocess.run(command, env=dict(os.environ, PYTHONPATH=_REPO), check=True, capture_output=True,
+                            text=True)
+    wall = time.monotonic() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpus.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+    return result.stderr, started, wall, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
 
-  for run in range(2 * runs):  # Alternately plain (wall and CPU, and back) and probed (the first read).
-    probed = run % 2 == 1
+  for attempt in range(2 * runs):  # Alternately plain (wall and CPU, and back) and probed (the first read).
+    probed = attempt % 2 == 1
     command = [_PYTHON, *(["-c", _FIRST_READ_PROBE] if probed else []), os.path.join(_REPO, "converter", "main.py"),
                f"--hf_model_path={os.path.join(_REPO, 'testdata', 'tiny-qwen3')}", f"--output_dir={scratch}",
                "--overwrite", "--simulated_cpu_devices_count=1", "--noprogress"]
+    stderr, started, wall, cpu = run(command)
     if probed:
-      started = time.time()
-      result = subprocess.run(command, env=dict(os.environ, PYTHONPATH=_REPO), check=True, capture_output=True,
-                              text=True)
-      first_reads.append(float(result.stderr.split("first block read at")[-1].split()[0]) - started)
+      first_reads.append(float(stderr.split("first block read at")[-1].split()[0]) - started)
       continue
-    timed(command, walls, cpus)
+    walls.append(wall)
+    cpus.append(cpu)
     shutil.rmtree(back, ignore_errors=True)
-    timed(_reverse_command(os.path.join(scratch, "0", "items"), back), reverse_walls, reverse_cpus)
+    _, _, wall, cpu = run(_reverse_command(os.path.join(scratch, "0", "items"), back))
+    reverse_walls.append(wall)
+    reverse_cpus.append(cpu)
   shutil.rmtree(scratch, ignore_errors=True)
   shutil.rmtree(back, ignore_errors=True)
   median = statistics.median

@@ -13,6 +13,8 @@ from converter import storage
 STEP = 0
 ITEMS = "items"
 METADATA = "_CHECKPOINT_METADATA"
+TREE_METADATA = "_METADATA"  # In items/: the tree's leaves and how its arrays are stored.
+OCDBT_MANIFEST = "manifest.ocdbt"  # In items/ once the arrays are in one OCDBT database (Orbax's default).
 COMMIT_MARKER = "commit_success.txt"
 TMP_SUFFIX = ".orbax-checkpoint-tmp"  # Local disks: the step before its rename.
 
