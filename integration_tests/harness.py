@@ -25,12 +25,13 @@ def test_platform() -> str:
 
 
 def start_jax() -> None:
-  """Validation (restores, forward pass) runs on the suite's platform; one device is enough for it."""
+  """Restores go onto the suite's platform (one device is enough); the reference forward pass runs on the host's
+  CPU beside it (tools/forward.py says why)."""
   import jax  # pylint: disable=g-import-not-at-top
 
   platform = test_platform()
   jax_platform = {"gpu": "cuda"}.get(platform, platform)
-  jax.config.update("jax_platforms", jax_platform)
+  jax.config.update("jax_platforms", jax_platform if platform == "cpu" else f"{jax_platform},cpu")
   if platform == "cpu":
     jax.config.update("jax_num_cpu_devices", 1)
     return

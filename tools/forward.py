@@ -404,10 +404,23 @@ def output_logits(params: Mapping[str, Any], x: jax.Array, cfg: MaxTextConfig) -
 
 
 def logits(params: Mapping[str, Any], token_ids: np.ndarray, runtime: Runtime, layout: Layout) -> np.ndarray:
-  """params: the `params/params` subtree of a MaxText checkpoint. Returns float32 [batch, seq, vocab]."""
-  if runtime.decoder.forward:
-    module = importlib.import_module(f"tools.forward_{runtime.decoder.forward}")
-    return module.logits(params, token_ids, runtime, layout)
+  """params: the `params/params` subtree of a MaxText checkpoint. Returns float32 [batch, seq, vocab].
+
+  Runs on the host's CPU wherever the checkpoint was restored, so that the logits are the same numbers on every
+  platform: a TPU computes float32 products through bfloat16 by default, and even at full precision its exp, tanh
+  and erf differ from the CPU's in the fifth digit, which recurrences, Sinkhorn rounds and top-k choices inside
+  the forward grow past any threshold that would still catch a wrong transform (docs/testing.md).
+  """
+  cpu = jax.local_devices(backend="cpu")[0]
+  params = jax.device_put(params, cpu)
+  with jax.default_device(cpu):
+    if runtime.decoder.forward:
+      module = importlib.import_module(f"tools.forward_{runtime.decoder.forward}")
+      return module.logits(params, token_ids, runtime, layout)
+    return _logits(params, token_ids, runtime, layout)
+
+
+def _logits(params: Mapping[str, Any], token_ids: np.ndarray, runtime: Runtime, layout: Layout) -> np.ndarray:
   params = jax.tree.map(lambda a: jnp.asarray(a, dtype=jnp.float32), params)
   ids = jnp.asarray(token_ids)
   positions = jnp.broadcast_to(jnp.arange(ids.shape[1]), ids.shape)
