@@ -36,6 +36,24 @@ from handlers import (
 from handlers.early_reads import EarlyReads
 
 
+_SIGNAL_POLL_S = 0.1
+
+
+def _wait_for_signals(response: Any) -> None:
+  """`response.result()`, waking every _SIGNAL_POLL_S so that a SIGINT's handler runs while the save goes on.
+
+  Python runs signal handlers on the main thread only, when it next executes bytecode; the kernel may deliver the
+  signal to any of the save's threads, and a main thread blocked in one long wait then ran the handler (which
+  cancels the save) only once the whole checkpoint was committed: interrupted, yet complete and exit 0.
+  """
+  while True:
+    try:
+      response.result(timeout=_SIGNAL_POLL_S)
+      return
+    except TimeoutError:
+      continue
+
+
 def save(
     plan: Plan,
     destination: Destination,
@@ -63,9 +81,16 @@ def save(
                                                 context=lazy_tensor_context(write_options))
     try:
       with destination.writing():
-        checkpointer.save_checkpointables(layout.STEP, {ITEMS: tree}, custom_metadata=dict(custom_metadata))
+        response = checkpointer.save_checkpointables_async(layout.STEP, {ITEMS: tree},
+                                                           custom_metadata=dict(custom_metadata))
+        if response is None:
+          raise ConversionError(f"{output_dir}: Orbax's save policy skipped step {layout.STEP}")
+        _wait_for_signals(response)
     finally:
       checkpointer.close()
+    if cancel is not None and cancel.is_set():
+      logging.warning("%s: asked to stop after the last block was written; the checkpoint is complete and"
+                      " committed", output_dir)
   except (ConversionError, KeyboardInterrupt, SystemExit):
     raise
   except BaseException as e:

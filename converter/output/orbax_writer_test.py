@@ -2,6 +2,7 @@
 and the leaf (with its sources) in one line."""
 
 import os
+import signal
 import tempfile
 import threading
 
@@ -74,6 +75,29 @@ class OrbaxWriterTest(absltest.TestCase):
                         on_block_written=block_written)
     self.assertLen(written, len(sizes))
     self.assertFalse(destination.has_committed_step())
+
+  def test_a_signal_on_a_save_thread_cancels_the_save(self):
+    """The kernel may deliver a process's SIGINT to any thread; Python runs the handler on the main thread alone,
+    once it next runs bytecode. A main thread blocked in one wait for the whole save ran it after the commit."""
+    cancel = threading.Event()
+    previous = signal.signal(signal.SIGUSR1, lambda signum, frame: cancel.set())
+    self.addCleanup(signal.signal, signal.SIGUSR1, previous)
+
+    signalled = []
+
+    def block_written(block):
+      del block
+      if not signalled and threading.current_thread() is not threading.main_thread():
+        signalled.append(threading.get_ident())
+        signal.pthread_kill(threading.get_ident(), signal.SIGUSR1)
+        cancel.wait(10)  # The save waits for the main thread to run the handler.
+
+    destination = self._destination()
+    with self.assertRaisesRegex(ConversionError, f"^{destination.path}: interrupted$"):
+      orbax_writer.save(self.plan, destination, SaveOptions(devices=1), custom_metadata={}, cancel=cancel,
+                        on_block_written=block_written)
+    self.assertFalse(destination.has_committed_step())
+    self.assertLen(signalled, 1)
 
 
 if __name__ == "__main__":
