@@ -78,13 +78,30 @@ class GcsEmulator:
       # buckets (a bucket then read 404 right after a restart, in CI).
       if self._listens():
         try:
-          with urllib.request.urlopen(f"{self.url}/storage/v1/b", timeout=2):
+          with urllib.request.urlopen(f"{self.url}/storage/v1/b", timeout=2) as response:
+            listed = {item["name"] for item in json.load(response).get("items", [])}
+          if self._stored_buckets() <= listed:  # After a restart: every bucket it kept, before anyone asks.
             return True
-        except (urllib.error.URLError, ConnectionError, OSError):
+        except (urllib.error.URLError, ConnectionError, OSError, ValueError):
           pass
       time.sleep(0.1)
     self.stop()
-    raise RuntimeError(f"fake-gcs-server did not answer on {self.url} within {_START_TIMEOUT_S:.0f} s")
+    raise RuntimeError(f"fake-gcs-server did not answer on {self.url} with the buckets {sorted(self._stored_buckets())}"
+                       f" within {_START_TIMEOUT_S:.0f} s; server.log ends: {self._log_tail()}")
+
+  def _stored_buckets(self) -> set[str]:
+    """The buckets the filesystem backend keeps under the root (a directory each)."""
+    objects = os.path.join(self.root, "objects")
+    if not os.path.isdir(objects):
+      return set()
+    return {name for name in os.listdir(objects) if os.path.isdir(os.path.join(objects, name))}
+
+  def _log_tail(self, chars: int = 2000) -> str:
+    try:
+      with open(os.path.join(self.root, "server.log"), "rb") as log:
+        return log.read()[-chars:].decode(errors="replace") or "(empty)"
+    except OSError as e:
+      return f"(unreadable: {e})"
 
   def _listens(self) -> bool:
     """Whether our server process itself listens on the port."""
@@ -131,8 +148,13 @@ class GcsEmulator:
     names, token = [], ""
     while True:
       query = urllib.parse.urlencode({"prefix": prefix, "pageToken": token} if token else {"prefix": prefix})
-      with urllib.request.urlopen(f"{self.url}/storage/v1/b/{bucket}/o?{query}", timeout=10) as response:
-        page = json.load(response)
+      url = f"{self.url}/storage/v1/b/{bucket}/o?{query}"
+      try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+          page = json.load(response)
+      except urllib.error.HTTPError as e:
+        raise RuntimeError(f"{url}: HTTP {e.code}; buckets stored under {self.root}:"
+                           f" {sorted(self._stored_buckets())}; server.log ends: {self._log_tail()}") from e
       names += [item["name"] for item in page.get("items", [])]
       token = page.get("nextPageToken", "")
       if not token:
