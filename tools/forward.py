@@ -407,9 +407,9 @@ def logits(params: Mapping[str, Any], token_ids: np.ndarray, runtime: Runtime, l
   """params: the `params/params` subtree of a MaxText checkpoint. Returns float32 [batch, seq, vocab].
 
   Runs on the host's CPU wherever the checkpoint was restored, so that the logits are the same numbers on every
-  platform: a TPU computes float32 products through bfloat16 by default, and even at full precision its exp, tanh
-  and erf differ from the CPU's in the fifth digit, which recurrences, Sinkhorn rounds and top-k choices inside
-  the forward grow past any threshold that would still catch a wrong transform (docs/testing.md).
+  platform: a TPU computes float32 products through bfloat16 by default, and even at full precision its results
+  differ from the CPU's in the last digits, which recurrences, Sinkhorn rounds and top-k choices inside the forward
+  grow past any threshold that would still catch a wrong transform (measured: docs/testing.md).
   """
   cpu = jax.local_devices(backend="cpu")[0]
   params = jax.device_put(params, cpu)
