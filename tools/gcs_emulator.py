@@ -86,8 +86,8 @@ class GcsEmulator:
           pass
       time.sleep(0.1)
     self.stop()
-    raise RuntimeError(f"fake-gcs-server did not answer on {self.url} with the buckets {sorted(self._stored_buckets())}"
-                       f" within {_START_TIMEOUT_S:.0f} s; server.log ends: {self._log_tail()}")
+    raise RuntimeError(f"fake-gcs-server did not answer on {self.url} with every bucket it keeps within"
+                       f" {_START_TIMEOUT_S:.0f} s; {self._state()}")
 
   def _stored_buckets(self) -> set[str]:
     """The buckets the filesystem backend keeps under the root (a directory each)."""
@@ -96,12 +96,14 @@ class GcsEmulator:
       return set()
     return {name for name in os.listdir(objects) if os.path.isdir(os.path.join(objects, name))}
 
-  def _log_tail(self, chars: int = 2000) -> str:
+  def _state(self, chars: int = 2000) -> str:
+    """The buckets kept on disk and the end of server.log, for an error about the server."""
     try:
       with open(os.path.join(self.root, "server.log"), "rb") as log:
-        return log.read()[-chars:].decode(errors="replace") or "(empty)"
+        tail = log.read()[-chars:].decode(errors="replace") or "(empty)"
     except OSError as e:
-      return f"(unreadable: {e})"
+      tail = f"(unreadable: {e})"
+    return f"buckets stored under {self.root}: {sorted(self._stored_buckets())}; server.log ends: {tail}"
 
   def _listens(self) -> bool:
     """Whether our server process itself listens on the port."""
@@ -153,8 +155,7 @@ class GcsEmulator:
         with urllib.request.urlopen(url, timeout=10) as response:
           page = json.load(response)
       except urllib.error.HTTPError as e:
-        raise RuntimeError(f"{url}: HTTP {e.code}; buckets stored under {self.root}:"
-                           f" {sorted(self._stored_buckets())}; server.log ends: {self._log_tail()}") from e
+        raise RuntimeError(f"{url}: HTTP {e.code}; {self._state()}") from e
       names += [item["name"] for item in page.get("items", [])]
       token = page.get("nextPageToken", "")
       if not token:
