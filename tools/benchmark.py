@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
+import mmap
 import os
 import platform
 import resource
@@ -41,7 +42,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import psutil
@@ -324,7 +325,11 @@ def compression_floors(input_dir: str, nbytes: int, scratch: str, share: int = 0
   writes its safetensors). `input_dir` holds the bytes the output is made of (for a quantized checkpoint: its
   dequantized copy). With `shares`, only every `shares`-th 64 MiB piece from piece `share` on: one process's
   part of the same work (the scaling runs' control). Returns the seconds of each, and the CPU seconds (all
-  threads, user + system) of each: what the same work costs the conversion's cores."""
+  threads, user + system) of each: what the same work costs the conversion's cores.
+
+  Encoding hands tensorstore views of a file map, by reference, as the conversions hand it their blocks: a piece
+  read into a fresh buffer that tensorstore then copied added the zeroing of fresh pages and two copies, which
+  no conversion pays (FP8 conversions to MaxText measured below that floor; docs/benchmark-results.md)."""
   import tensorstore as ts  # pylint: disable=g-import-not-at-top
 
   piece = 64 << 20
@@ -338,29 +343,12 @@ def compression_floors(input_dir: str, nbytes: int, scratch: str, share: int = 0
                                 "codecs": [{"name": "bytes"}, {"name": "zstd", "configuration": {"level": 3}}]}},
                   create=True, delete_existing=True).result()
 
-  def pieces():
-    left, number = count, 0
-    while left:
-      for name in files:
-        with open(name, "rb", buffering=0) as f:
-          for offset in range(0, os.path.getsize(name), piece):
-            number += 1
-            if (number - 1) % shares != share:
-              continue
-            if not left:
-              return
-            f.seek(offset)
-            data = f.read(piece)
-            if len(data) < piece:
-              data += bytes(piece - len(data))
-            left -= 1
-            yield np.frombuffer(data, np.uint16)
-
   window = lambda i: store[i * (piece // 2):(i + 1) * (piece // 2)]
   cpu_start = time.process_time()
   with write_behind.WriteBehindDirectory(path, data_dirs=("c",)):  # zarr3's chunk files, as the conversions' own.
-    encode = _in_flight((lambda i=i, values=values: window(i).write(values) for i, values in enumerate(pieces())),
-                        4)
+    pieces = enumerate(floor_pieces(files, count, piece, share, shares))
+    encode = _in_flight((lambda i=i, values=values: window(i).write(values, can_reference_source_data_indefinitely=True)
+                         for i, values in pieces), 4)
   encode_cpu = time.process_time() - cpu_start
   if not decode:
     shutil.rmtree(path, ignore_errors=True)
@@ -375,6 +363,36 @@ def compression_floors(input_dir: str, nbytes: int, scratch: str, share: int = 0
   os.remove(decoded_path)
   shutil.rmtree(path, ignore_errors=True)
   return encode, decoded_seconds, encode_cpu, decode_cpu
+
+
+def floor_pieces(files: Sequence[str], count: int, piece: int, share: int = 0,
+                 shares: int = 1) -> Iterator[np.ndarray]:
+  """`count` pieces of `piece` bytes (as uint16) of `files`' bytes, each file cut from its start and its last piece
+  padded with zeros, the files taken again from the first while more are asked for; with `shares`, only every
+  `shares`-th piece from piece `share` on. Whole pieces are views of a read-only file map, not copies."""
+  left, number = count, 0
+  while left:
+    for name in files:
+      size = os.path.getsize(name)
+      if not size:
+        continue
+      with open(name, "rb") as f:
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+      for offset in range(0, size, piece):
+        number += 1
+        if (number - 1) % shares != share:
+          continue
+        if not left:
+          return
+        left -= 1
+        if offset + piece <= size:
+          yield np.frombuffer(mapped, np.uint16, count=piece // 2, offset=offset)
+        else:
+          values = np.zeros(piece // 2, np.uint16)
+          values.view(np.uint8)[:size - offset] = np.frombuffer(mapped, np.uint8, offset=offset)
+          yield values
+    if not number:
+      raise ValueError(f"no bytes to encode in {list(files)}")
 
 
 def _child_command(function, *args) -> list[str]:
@@ -873,7 +891,7 @@ def main(argv: list[str]) -> None:
   caption = (f"input {input_bytes / 1e9:.2f} GB; I/O floor (read the input + write"
              f" {output_floor_bytes / 1e9:.2f} GB, fsync) median {io:.1f} s; compression floor (the"
              f" {'dequantized copy' if quantized else f'{output_floor_bytes / 1e9:.2f} GB'} through zstd level 3,"
-             f" Orbax's zarr3 codec, via tensorstore on every core)"
+             f" Orbax's zarr3 codec, via tensorstore on every core, from a file map by reference)"
              f" median {encode:.1f} s ({encode_cpu:.1f} CPU-s), decompression (reading them back into a file, synced)"
              f" {decode:.1f} s ({decode_cpu:.1f} CPU-s); start-up"
              f" (the bundled tiny checkpoint) {start_up.wall:.2f} s ({start_up.cpu:.2f} CPU-s), its first block read"
