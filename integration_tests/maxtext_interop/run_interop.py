@@ -137,6 +137,13 @@ def _run(cmd: list[str], log: str, env: dict) -> int:
 _idle_workers: "queue.SimpleQueue[ReusedProcess]" = queue.SimpleQueue()
 _all_workers: list[ReusedProcess] = []
 
+# transformers changes process-wide state while it builds or loads a model: `from_pretrained` swaps
+# `PreTrainedModel.tie_weights` and torch's init functions for no-ops and sets torch's default dtype until it
+# returns. The main thread builds the next tiny models while the pool's LoRA-export cases load one with peft, so
+# a model built meanwhile came out untied (a Gemma 4 saved with its own lm_head, another's reference untied):
+# every use of transformers here holds this lock.
+_TRANSFORMERS = threading.Lock()
+
 
 def _run_maxtext(args: list[str], log: str) -> int:
   """maxtext_logits.py with `args`, in a reused MaxText process (one per job). A case that fails there runs again
@@ -280,7 +287,8 @@ def _maxtext_lora_export(case: Case, out_dir: str, overrides_path: str, logits_p
                f"--output_dir={adapter}"], os.path.join(case.work, "export.log"), _converter_env())
   if rc == 0:
     base = case.reference
-    case.reference = lora_adapters.merged_logits(case.hf_dir, adapter, np.load(case.ids_path), merge=False)
+    with _TRANSFORMERS:
+      case.reference = lora_adapters.merged_logits(case.hf_dir, adapter, np.load(case.ids_path), merge=False)
     if validate_lib.compare_logits(case.reference, base)[0] < 0.1:
       raise RuntimeError("the LoRA factors do not move the logits: the check could not tell a dropped adapter")
   return rc
@@ -388,31 +396,32 @@ def main(argv: list[str]) -> int:
     for name in runnable:
       model_dir = os.path.join(work, name)
       hf_dir = os.path.join(model_dir, "hf")
-      try:
-        spec = tiny_models.TINY_MODELS[name]
-        tiny_models.build_tiny_model(name, hf_dir, seed=FLAGS.seed, round_embeddings_to_bf16=_is_tied(spec))
-        align = ()
-        if spec.inputs:  # One image (+ audio) + text, prepared as MaxText's own preprocessing does.
-          from tools import multimodal_inputs  # pylint: disable=g-import-not-at-top
+      with _TRANSFORMERS:
+        try:
+          spec = tiny_models.TINY_MODELS[name]
+          tiny_models.build_tiny_model(name, hf_dir, seed=FLAGS.seed, round_embeddings_to_bf16=_is_tied(spec))
+          align = ()
+          if spec.inputs:  # One image (+ audio) + text, prepared as MaxText's own preprocessing does.
+            from tools import multimodal_inputs  # pylint: disable=g-import-not-at-top
 
-          mm_case = multimodal_inputs.make_case(name, hf_dir, FLAGS.seed)
-          ids_path = os.path.join(model_dir, "case.npz")
-          mm_case.save(ids_path)
-          reference, align = mm_case.reference.astype(np.float32), tuple(mm_case.align)
-        else:
-          ids = validate_lib.token_ids(load_model_config(hf_dir).vocab_size, FLAGS.batch, spec.seq_len or FLAGS.seq_len,
-                                       FLAGS.seed)
-          ids_path = os.path.join(model_dir, "token_ids.npy")
-          np.save(ids_path, ids)
-          reference = validate_lib.reference_logits(hf_dir, ids).astype(np.float32)
-        np.save(os.path.join(model_dir, "hf_logits.npy"), reference)
-      except Exception as e:  # pylint: disable=broad-except
-        for scan in scans:
-          case = Case(name, tiny_models.TINY_MODELS[name].maxtext_model, scan, hf_dir, "", np.zeros(0), "",
-                      error=f"building the model or its reference failed: {type(e).__name__}: {e}")
-          cases.append(case)
-          report(case)
-        continue
+            mm_case = multimodal_inputs.make_case(name, hf_dir, FLAGS.seed)
+            ids_path = os.path.join(model_dir, "case.npz")
+            mm_case.save(ids_path)
+            reference, align = mm_case.reference.astype(np.float32), tuple(mm_case.align)
+          else:
+            ids = validate_lib.token_ids(load_model_config(hf_dir).vocab_size, FLAGS.batch,
+                                         spec.seq_len or FLAGS.seq_len, FLAGS.seed)
+            ids_path = os.path.join(model_dir, "token_ids.npy")
+            np.save(ids_path, ids)
+            reference = validate_lib.reference_logits(hf_dir, ids).astype(np.float32)
+          np.save(os.path.join(model_dir, "hf_logits.npy"), reference)
+        except Exception as e:  # pylint: disable=broad-except
+          for scan in scans:
+            case = Case(name, tiny_models.TINY_MODELS[name].maxtext_model, scan, hf_dir, "", np.zeros(0), "",
+                        error=f"building the model or its reference failed: {type(e).__name__}: {e}")
+            cases.append(case)
+            report(case)
+          continue
       for scan in (s for s in scans if s in spec.scans):
         case = Case(name, tiny_models.TINY_MODELS[name].maxtext_model, scan, hf_dir, ids_path, reference,
                     os.path.join(model_dir, f"scan_{'on' if scan else 'off'}"), multimodal=bool(spec.inputs),
@@ -425,16 +434,17 @@ def main(argv: list[str]) -> int:
         variants.append(("scan_on_target_mesh", dict(converter_flags=(f"--target_mesh={FLAGS.target_mesh}",))))
       if name in FLAGS.multiprocess_families:
         variants.append(("scan_on_2_processes", dict(processes=2)))
-      for work, variant in variants if True in scans and True in spec.scans else ():
+      for variant_dir, variant in variants if True in scans and True in spec.scans else ():
         case = Case(name, tiny_models.TINY_MODELS[name].maxtext_model, True, hf_dir, ids_path, reference,
-                    os.path.join(model_dir, work), **variant)
+                    os.path.join(model_dir, variant_dir), **variant)
         cases.append(case)
         futures.append(pool.submit(lambda c: report(run_case(c)) or c, case))
       if name in FLAGS.lora_families and True in scans and True in spec.scans and not spec.inputs:
         from tools import lora_adapters  # pylint: disable=g-import-not-at-top
 
-        adapter = lora_adapters.make_adapter(hf_dir, os.path.join(model_dir, "lora_adapter"))
-        lora_reference = lora_adapters.merged_logits(hf_dir, adapter, np.load(ids_path)).astype(np.float32)
+        with _TRANSFORMERS:
+          adapter = lora_adapters.make_adapter(hf_dir, os.path.join(model_dir, "lora_adapter"))
+          lora_reference = lora_adapters.merged_logits(hf_dir, adapter, np.load(ids_path)).astype(np.float32)
         for case in (Case(name, tiny_models.TINY_MODELS[name].maxtext_model, True, hf_dir, ids_path, lora_reference,
                           os.path.join(model_dir, "scan_on_lora"), converter_flags=(f"--lora_adapter_path={adapter}",)),
                      Case(name, tiny_models.TINY_MODELS[name].maxtext_model, True, hf_dir, ids_path, reference,
