@@ -35,11 +35,15 @@ def assign(target: np.ndarray, value: np.ndarray) -> None:
     target[...] = value
 
 
+def placed_shape(shape: Shape, transpose: bool) -> Shape:
+  """`shape` with its last two axes swapped when `transpose`: the shape a read returns."""
+  return tuple(shape[:-2]) + (shape[-1], shape[-2]) if transpose else tuple(shape)
+
+
 def private_copy(view: np.ndarray, dtype: np.dtype, transpose: bool = False) -> np.ndarray:
   """A fresh C-contiguous copy of `view` (a file map's, a download's) in `dtype`, with its last two axes swapped
   when `transpose`; one pass over the bytes, moved as bits, where no cast is needed."""
-  shape = view.shape[:-2] + (view.shape[-1], view.shape[-2]) if transpose else view.shape
-  out = np.empty(shape, dtype)
+  out = np.empty(placed_shape(view.shape, transpose), dtype)
   copy_into(out, view, transpose)
   return out
 
@@ -68,7 +72,7 @@ def transpose_last_two(x: np.ndarray) -> np.ndarray:
   docs/memory-and-streaming.md). Transposes are most of what a conversion does to the bytes besides
   (de)compressing them.
   """
-  out = np.empty(x.shape[:-2] + x.shape[:-3:-1], dtype=x.dtype)
+  out = np.empty(placed_shape(x.shape, True), dtype=x.dtype)
   transpose_into(out, x)
   return out
 

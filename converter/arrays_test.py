@@ -47,6 +47,11 @@ class ArraysTest(absltest.TestCase):
     arrays.assign(target[0], np.array([1.5, -2.0, 3.0], np.float32))  # A cast, not the float32 bits.
     np.testing.assert_array_equal(target[0].astype(np.float32), [1.5, -2.0, 3.0])
 
+  def test_placed_shape_swaps_the_last_two_axes_only_when_transposing(self):
+    self.assertEqual(arrays.placed_shape((2, 3, 5), True), (2, 5, 3))
+    self.assertEqual(arrays.placed_shape([3, 5], True), (5, 3))
+    self.assertEqual(arrays.placed_shape((2, 3, 5), False), (2, 3, 5))
+
   def test_private_copy_moves_bits_casts_and_transposes(self):
     x = np.arange(24, dtype=np.float32).reshape(2, 3, 4).astype(ml_dtypes.bfloat16)
     view = x[:, 1:]  # Not contiguous, like a region of a file map.

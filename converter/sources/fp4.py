@@ -19,7 +19,7 @@ import dataclasses
 import ml_dtypes
 import numpy as np
 
-from converter.arrays import transpose_last_two
+from converter.arrays import copy_into, placed_shape
 from converter.errors import ConversionError
 from converter.sources.base import Region, as_slices, squeeze_ints
 from converter.sources.safetensors import TensorInfo
@@ -77,13 +77,14 @@ class Fp4Tensor:
     *lead, rows, cols = slices
     groups = slice(cols.start // GROUP, -(-cols.stop // GROUP))
     first = cols.start - groups.start * GROUP
-    out = np.empty(tuple(s.stop - s.start for s in slices), dtype=self.dtype if dtype is None else dtype)
+    out = np.empty(placed_shape(tuple(s.stop - s.start for s in slices), transpose),
+                   dtype=self.dtype if dtype is None else dtype)
     for start in range(rows.start, rows.stop, _ROWS):
       stop = min(start + _ROWS, rows.stop)
-      values = self._unpack(tuple(lead), slice(start, stop), groups)
-      out[..., start - rows.start : stop - rows.start, :] = values[..., first : first + cols.stop - cols.start]
-    out = squeeze_ints(out, region)  # Rounded once, to the output's dtype, above.
-    return transpose_last_two(out) if transpose else out
+      values = self._unpack(tuple(lead), slice(start, stop), groups)[..., first : first + cols.stop - cols.start]
+      placed = slice(start - rows.start, stop - rows.start)
+      copy_into(out[..., placed] if transpose else out[..., placed, :], values, transpose)  # Rounded once.
+    return squeeze_ints(out, region)
 
   def _unpack(self, lead: tuple[slice, ...], rows: slice, groups: slice) -> np.ndarray:
     """Whole groups of `rows` in float32: e2m1 values times their group's power of two (a product that is exact)."""

@@ -26,7 +26,7 @@ from typing import Any, Mapping
 import ml_dtypes
 import numpy as np
 
-from converter.arrays import transpose_last_two
+from converter.arrays import copy_into, placed_shape
 from converter.errors import ConversionError
 from converter.sources import fp4
 from converter.sources.base import QuantizedSource, Region, SourceTensor, as_slices, squeeze_ints
@@ -121,8 +121,7 @@ class Fp8BlockTensor:
     scales = self.scale.read(np.float32, (*lead, slice(rows.start // br, -(-rows.stop // br)),
                                           slice(first_column_block, -(-cols.stop // bc))))
     shape = tuple(s.stop - s.start for s in slices)
-    out = np.empty(shape[:-2] + ((shape[-1], shape[-2]) if transpose else shape[-2:]),
-                   dtype=self.dtype if dtype is None else dtype)
+    out = np.empty(placed_shape(shape, transpose), dtype=self.dtype if dtype is None else dtype)
     width = max(1, PIECE_VALUES // (br * math.prod(shape[:-2]) * bc)) * bc  # Whole column blocks per piece.
     for j, first in enumerate(range(rows.start - rows.start % br, rows.stop, br)):
       start, stop = max(first, rows.start), min(first + br, rows.stop)
@@ -133,10 +132,7 @@ class Fp8BlockTensor:
         piece_scales = scales[..., j : j + 1, left // bc - first_column_block : -(-right // bc) - first_column_block]
         values *= np.repeat(piece_scales, bc, axis=-1)[..., left % bc : left % bc + right - left]
         r, c = slice(start - rows.start, stop - rows.start), slice(left - cols.start, right - cols.start)
-        if transpose:
-          out[..., c, r] = transpose_last_two(values)  # Rounded once, to the output's dtype.
-        else:
-          out[..., r, c] = values
+        copy_into(out[..., c, r] if transpose else out[..., r, c], values, transpose)  # Rounded once.
         left = right
     return squeeze_ints(out, region)
 

@@ -29,7 +29,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from converter import storage
-from converter.arrays import transpose_last_two
+from converter.arrays import copy_into
 from converter.errors import ConversionError
 from converter.sources.base import FLOATING, Region, SourceTensor, TensorSource, as_slices, squeeze_ints
 from converter.sources.safetensors import TensorInfo, read_header
@@ -278,10 +278,7 @@ class LoraMergedTensor:
       delta = _product(self.lora.b.read(np.float32, (slab,)), a)
       merged += np.multiply(delta, scale, out=delta)  # PEFT's get_delta_weight: (B @ A) * scaling.
       placed = slice(slab.start - rows.start, slab.stop - rows.start)
-      if transpose:
-        out[:, placed] = transpose_last_two(merged)
-      else:
-        out[placed] = merged
+      copy_into(out[:, placed] if transpose else out[placed], merged, transpose)
     return squeeze_ints(out, region)
 
 

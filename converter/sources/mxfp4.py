@@ -17,7 +17,7 @@ from typing import Any, Mapping
 import ml_dtypes
 import numpy as np
 
-from converter.arrays import transpose_last_two
+from converter.arrays import copy_into, placed_shape
 from converter.errors import ConversionError
 from converter.sources.base import QuantizedSource, Region, SourceTensor, as_slices, squeeze_ints
 from converter.sources.fp4 import GROUP, PAIRS
@@ -63,14 +63,16 @@ class Mxfp4Tensor:
     return self.blocks.byte_ranges + self.scales.byte_ranges
 
   def read(self, dtype: np.dtype | None = None, region: Region = (), transpose: bool = False) -> np.ndarray:
-    """Unpacks a few stored (out) rows at a time into the transposed output, so the float32 intermediates stay
-    small (`_OUT_ROWS` x in values) whatever the region's size."""
+    """Unpacks a few stored (out) rows at a time into the output, so the float32 intermediates stay small
+    (`_OUT_ROWS` x in values) whatever the region's size. The stored rows are the tensor's columns: they are
+    transposed as they are placed, unless `transpose` asks for the stored orientation itself."""
     slices = as_slices(self.shape, region)
     slices += tuple(slice(0, d) for d in self.shape[len(slices):])
     *lead, rows, cols = slices  # rows: the `in` axis (packed in groups), cols: the `out` axis.
     groups = slice(rows.start // GROUP, -(-rows.stop // GROUP))
     first = rows.start - groups.start * GROUP
-    out = np.empty(tuple(s.stop - s.start for s in slices), dtype=self.dtype if dtype is None else dtype)
+    out = np.empty(placed_shape(tuple(s.stop - s.start for s in slices), transpose),
+                   dtype=self.dtype if dtype is None else dtype)
     for start in range(cols.start, cols.stop, _OUT_ROWS):
       stop = min(start + _OUT_ROWS, cols.stop)
       packed = self.blocks.read(None, (*lead, slice(start, stop), groups))
@@ -78,9 +80,9 @@ class Mxfp4Tensor:
       values = PAIRS[packed].reshape(packed.shape[:-1] + (GROUP,))  # (..., out, groups, 32)
       values = np.ldexp(values, exponents[..., None]).reshape(packed.shape[:-2] + (-1,))
       values = values[..., first : first + rows.stop - rows.start]
-      out[..., start - cols.start : stop - cols.start] = transpose_last_two(values)
-    out = squeeze_ints(out, region)
-    return transpose_last_two(out) if transpose else out
+      placed = slice(start - cols.start, stop - cols.start)
+      copy_into(out[..., placed, :] if transpose else out[..., placed], values, not transpose)
+    return squeeze_ints(out, region)
 
 
 def mxfp4_source(plain: SafetensorsSource, quantization_config: Mapping[str, Any],

@@ -40,6 +40,15 @@ class Mxfp4SourceTest(absltest.TestCase):
     np.testing.assert_array_equal(tensor.read().astype(np.float32), self.expected)
     self.assertEqual(tensor.read().dtype, ml_dtypes.bfloat16)
 
+  def test_transposed_reads_swap_the_last_two_axes(self):
+    tensor = _source({"x_blocks": self.blocks, "x_scales": self.scales}).tensors["x"]
+    for region in [(), (1,), (slice(1, 3), slice(20, 70)), (2, slice(31, 96), slice(5, 39))]:
+      for dtype in (np.float32, ml_dtypes.bfloat16):
+        value = tensor.read(dtype, region, transpose=True)
+        np.testing.assert_array_equal(value.astype(np.float32), np.swapaxes(self.expected[region], -1, -2),
+                                      f"{region} {np.dtype(dtype)}")
+        self.assertTrue(value.flags.c_contiguous)
+
   def test_a_region_reads_only_its_packed_bytes(self):
     tensor = _source({"x_blocks": self.blocks, "x_scales": self.scales}).tensors["x"]
     read = []

@@ -11,7 +11,7 @@ import numpy as np
 
 from numpy.lib.array_utils import byte_bounds
 
-from converter.arrays import TRANSPOSE_TILE_ROWS, copy_into
+from converter.arrays import TRANSPOSE_TILE_ROWS, copy_into, placed_shape
 
 _maps: dict[str, mmap.mmap] = {}
 _maps_lock = threading.Lock()
@@ -47,7 +47,7 @@ def read(path: str, begin: int, stored: np.dtype, shape: tuple[int, ...], slices
   raw = np.frombuffer(mapped, dtype=np.uint8, count=int(np.prod(shape, dtype=np.int64)) * stored.itemsize,
                       offset=begin)
   view = raw.view(stored).reshape(shape)[slices]
-  out = np.empty(view.shape[:-2] + view.shape[:-3:-1] if transpose else view.shape, dtype)
+  out = np.empty(placed_shape(view.shape, transpose), dtype)
   if not view.size:
     return out
   map_start = byte_bounds(raw)[0] - begin
