@@ -48,7 +48,7 @@ import numpy as np
 import psutil
 from absl import app, flags
 
-from converter import write_behind
+from converter import chunking, write_behind
 from tools import synthetic_checkpoint
 from tools.ports import free_port
 
@@ -329,17 +329,19 @@ def compression_floors(input_dir: str, nbytes: int, scratch: str, share: int = 0
 
   Encoding hands tensorstore views of a file map, by reference, as the conversions hand it their blocks: a piece
   read into a fresh buffer that tensorstore then copied added the zeroing of fresh pages and two copies, which
-  no conversion pays (FP8 conversions to MaxText measured below that floor; docs/benchmark-results.md)."""
+  no conversion pays (FP8 conversions to MaxText measured below that floor; docs/benchmark-results.md). The
+  array is chunked as the largest chunks the layouts store (`ChunkRule.max_chunk_bytes`): zstd's cost per byte
+  depends on the chunk's size, and is near its least there (benchmarks.md)."""
   import tensorstore as ts  # pylint: disable=g-import-not-at-top
 
-  piece = 64 << 20
+  piece, chunk = 64 << 20, chunking.ChunkRule.max_chunk_bytes
   files = _files(input_dir, ".safetensors")
   count = len(range(share, -(-nbytes // piece), shares))
   path = os.path.join(scratch, f"compression-floor-{share}.zarr")
   shutil.rmtree(path, ignore_errors=True)
   store = ts.open({"driver": "zarr3", "kvstore": {"driver": "file", "path": path},
                    "metadata": {"shape": [count * piece // 2], "data_type": "uint16",
-                                "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [piece // 2]}},
+                                "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [chunk // 2]}},
                                 "codecs": [{"name": "bytes"}, {"name": "zstd", "configuration": {"level": 3}}]}},
                   create=True, delete_existing=True).result()
 
@@ -891,7 +893,8 @@ def main(argv: list[str]) -> None:
   caption = (f"input {input_bytes / 1e9:.2f} GB; I/O floor (read the input + write"
              f" {output_floor_bytes / 1e9:.2f} GB, fsync) median {io:.1f} s; compression floor (the"
              f" {'dequantized copy' if quantized else f'{output_floor_bytes / 1e9:.2f} GB'} through zstd level 3,"
-             f" Orbax's zarr3 codec, via tensorstore on every core, from a file map by reference)"
+             f" Orbax's zarr3 codec, via tensorstore on every core, from a file map by reference,"
+             f" in {chunking.ChunkRule.max_chunk_bytes >> 20} MiB chunks)"
              f" median {encode:.1f} s ({encode_cpu:.1f} CPU-s), decompression (reading them back into a file, synced)"
              f" {decode:.1f} s ({decode_cpu:.1f} CPU-s); start-up"
              f" (the bundled tiny checkpoint) {start_up.wall:.2f} s ({start_up.cpu:.2f} CPU-s), its first block read"
