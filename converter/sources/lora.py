@@ -29,7 +29,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from converter import storage
-from converter.arrays import copy_into
+from converter.arrays import copy_into, placed_shape
 from converter.errors import ConversionError
 from converter.sources.base import FLOATING, Region, SourceTensor, TensorSource, as_slices, squeeze_ints
 from converter.sources.safetensors import TensorInfo, read_header
@@ -269,7 +269,7 @@ class LoraMergedTensor:
     a = self.lora.a.read(np.float32, (slice(None), cols))
     scale = np.float32(self.lora.scale)
     width = cols.stop - cols.start
-    out = np.empty((width, rows.stop - rows.start) if transpose else (rows.stop - rows.start, width),
+    out = np.empty(placed_shape((rows.stop - rows.start, width), transpose),
                    dtype=self.dtype if dtype is None else dtype)
     step = max(1, SLAB_VALUES // max(1, width))
     for start in range(rows.start, rows.stop, step):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from converter.arrays import private_copy
+from converter.arrays import placed_shape, private_copy
 
 
 def read(path: str, begin: int, stored: np.dtype, shape: tuple[int, ...], slices: tuple[slice, ...],
@@ -16,7 +16,7 @@ def read(path: str, begin: int, stored: np.dtype, shape: tuple[int, ...], slices
   first, last = span
   region = tuple(s.stop - s.start for s in slices) + tuple(shape[len(slices):])
   if last <= first:
-    return np.zeros(region[:-2] + (region[-1], region[-2]) if transpose else region, dtype)
+    return np.zeros(placed_shape(region, transpose), dtype)
   from converter import storage  # pylint: disable=g-import-not-at-top  (the package imports this module)
 
   data = np.frombuffer(storage.read_bytes(path, first, last), dtype=stored)
