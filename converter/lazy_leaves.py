@@ -13,7 +13,7 @@ from converter.plan import Leaf, Plan
 from handlers.blocks import block_target_bytes, plan_blocks
 from handlers.early_reads import EarlyReads
 from handlers.lazy_tensor import LazyTensor, ShardedLazyTensor
-from handlers.write_options import Processes
+from handlers.shares import Processes
 
 if TYPE_CHECKING:
   import jax

@@ -11,23 +11,12 @@ import threading
 from typing import TYPE_CHECKING
 
 from converter.chunking import ChunkRule
+from handlers.shares import Processes
+from handlers.write_options import DEFAULT_MAX_INFLIGHT_BYTES
 
 if TYPE_CHECKING:
   from converter.progress import Progress
   from handlers.early_reads import EarlyReads
-  from handlers.write_options import Processes
-
-
-def _one_process() -> Processes:
-  from handlers.write_options import Processes  # pylint: disable=g-import-not-at-top,redefined-outer-name
-
-  return Processes()
-
-
-def _default_budget() -> int:
-  from handlers.write_options import DEFAULT_MAX_INFLIGHT_BYTES  # pylint: disable=g-import-not-at-top
-
-  return DEFAULT_MAX_INFLIGHT_BYTES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,8 +40,9 @@ class SaveOptions:
 
   lazy: bool = True  # Each block read when Orbax writes it; False materialises every leaf first.
   devices: int = 1  # Leaves are sharded over this many (simulated) devices when > 1.
-  max_inflight_bytes: int = dataclasses.field(default_factory=_default_budget)
+  max_inflight_bytes: int = DEFAULT_MAX_INFLIGHT_BYTES
   compression: bool = True  # zstd (Orbax's default), else stored uncompressed.
+  checksums: bool = True  # A crc32c on every stored chunk, verified by every restore.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,7 +62,7 @@ class ReverseOptions:
 class RunContext:
   """The run around a conversion, in either direction: read by the output (converter/output/)."""
 
-  processes: Processes = dataclasses.field(default_factory=_one_process)
+  processes: Processes = Processes()
   overwrite: bool = False  # Replace a finished output.
   resume: bool = False  # Continue an interrupted conversion from what it wrote durably.
   progress: Progress | None = None  # Told the total, then every block written.

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import posixpath
 from typing import Any
 
@@ -72,34 +71,15 @@ def read_tree_layout(items_path: str) -> TreeLayout:
 
 def array_read_spec(items_path: str, name: str, use_zarr3: bool, use_ocdbt: bool) -> dict[str, Any]:
   """The TensorStore spec Orbax restores the array `name` of the checkpoint at `items_path` with."""
-  directory = _normalize(items_path)
-  if use_ocdbt:
-    if storage.is_remote(directory):
-      base = _gcs_kvstore(directory)
-      kvstore = {"driver": "ocdbt", "base": base, "path": name, "cache_pool": "cache_pool#ocdbt",
-                 **_REMOTE_READ_COALESCING}
-    else:
-      base = {"driver": "file", "path": directory + "/"}
-      kvstore = {"driver": "ocdbt", "base": {**base, "file_io_locking": {"mode": "non_atomic"}}, "manifest": base,
-                 "path": name, "cache_pool": "cache_pool#ocdbt"}
+  directory = storage.kvstore_spec(items_path)
+  if not use_ocdbt:
+    kvstore = {**directory, "path": posixpath.join(directory["path"], name)}
+  elif directory["driver"] == "file":  # As Orbax: data files written in place, the manifest replaced atomically.
+    base = {**directory, "path": directory["path"] + "/"}
+    kvstore = {"driver": "ocdbt", "base": {**base, "file_io_locking": {"mode": "non_atomic"}}, "manifest": base,
+               "path": name, "cache_pool": "cache_pool#ocdbt"}
   else:
-    path = posixpath.join(directory, name)
-    kvstore = _gcs_kvstore(path) if storage.is_remote(path) else {"driver": "file", "path": path}
+    kvstore = {"driver": "ocdbt", "base": directory, "path": name, "cache_pool": "cache_pool#ocdbt",
+               **_REMOTE_READ_COALESCING}
   return {"driver": "zarr3" if use_zarr3 else "zarr", "kvstore": kvstore, "recheck_cached_data": False,
           "recheck_cached_metadata": False, "fill_missing_data_reads": False}
-
-
-def _normalize(path: str) -> str:
-  if storage.is_remote(path):
-    scheme, bucket, name = storage.split_bucket(path)
-    return f"{scheme}://{bucket}/{posixpath.normpath(name)}".rstrip("/") if name else f"{scheme}://{bucket}"
-  if not os.path.isabs(path):
-    raise ConversionError(f"{path}: a checkpoint path must be absolute here")
-  return os.path.normpath(path)
-
-
-def _gcs_kvstore(path: str) -> dict[str, Any]:
-  scheme, bucket, name = storage.split_bucket(path)
-  if scheme != "gs":
-    raise ConversionError(f"{path}: Orbax checkpoints are read from gs:// buckets or local disks only")
-  return {"driver": os.environ.get("TENSORSTORE_GCS_BACKEND", "gcs"), "bucket": bucket, "path": name}

@@ -19,7 +19,7 @@ import time
 from typing import Iterator
 
 from converter.errors import ConversionError
-from handlers.write_options import Processes
+from handlers.shares import Processes
 
 # A process that dies stops sending heartbeats; the coordinator then fails every other process's next barrier.
 HEARTBEAT_TIMEOUT_S = 20

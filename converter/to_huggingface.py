@@ -35,7 +35,7 @@ from converter.errors import ConversionError
 from converter.options import ReverseOptions, RunContext
 from converter.output.huggingface import HuggingFaceOutput
 from handlers import shares
-from handlers.write_options import Processes
+from handlers.shares import Processes
 from converter.reverse_plan import HfPart, HfTensor, ReversePlan, items_path_of, plan_to_huggingface
 from converter.safetensors_output import (INDEX_FILE, SafetensorsStreamWriter, assign_shards, index_json, parse_size,
                                           shard_names)

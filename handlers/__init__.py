@@ -2,7 +2,8 @@
 
 Importing the package is cheap: the first name taken from it (`from handlers import LazyTensor`) loads the whole
 API, Orbax and JAX with it, and registers the v0 type handler. Its light modules (`handlers.lazy_tensor`,
-`handlers.blocks`, `handlers.write_options`) import alone, for what runs before JAX and Orbax have loaded.
+`handlers.blocks`, `handlers.write_options`, `handlers.shares`, `handlers.claims`) import alone, for what runs
+before JAX and Orbax have loaded.
 """
 
 import importlib

@@ -18,11 +18,12 @@ from handlers.leaf_handler import (
     add_lazy_tensor_leaf_handler,
 )
 from handlers import shares
+from handlers.shares import Processes
 from handlers.registry import ITEMS, build_lazy_tensor_checkpointables_registry, lazy_tensor_context
 from handlers.storage_context import add_tensorstore_resources
 from handlers.tree_handler import LazyTensorPyTreeHandler, unhandled_leaves
 from handlers.v0_registration import LazyTensorV0Handler, register_v0_type_handler
-from handlers.write_options import DEFAULT_MAX_INFLIGHT_BYTES, BlockWritten, Processes, SaveCancelled, WriteOptions
+from handlers.write_options import DEFAULT_MAX_INFLIGHT_BYTES, BlockWritten, SaveCancelled, WriteOptions
 
 register_v0_type_handler()
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 from typing import Iterator, Protocol, Sequence
 
 from handlers import shares
-from handlers.write_options import Processes
 
 # Two write blocks: a claim is one round trip to the coordinator (under a millisecond), and a share's last unit is
 # about what the others may wait for at the end.
@@ -46,7 +45,7 @@ def units(block_bytes: Sequence[int], count: int, unit_bytes: int | None = None)
   return by_process
 
 
-def claimed_blocks(block_bytes: Sequence[int], processes: Processes, claims: Claims | None,
+def claimed_blocks(block_bytes: Sequence[int], processes: shares.Processes, claims: Claims | None,
                    share: str) -> Iterator[int]:
   """The numbers of the blocks this process writes, in the order to write them: its own units while it wins
   them, then units taken from the end of the other processes' shares. Each unit is claimed when its first block

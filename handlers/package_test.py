@@ -19,7 +19,7 @@ def _run(code: str) -> str:
 class PackageTest(absltest.TestCase):
 
   def test_the_light_modules_import_without_orbax_or_jax(self):
-    code = ("import handlers; from handlers import blocks, early_reads, lazy_tensor, shares, write_options;"
+    code = ("import handlers; from handlers import blocks, claims, early_reads, lazy_tensor, shares, write_options;"
             " assert not hasattr(handlers, '__wrapped__');"
             f" print({_HEAVY})")
     self.assertEqual(_run(code), "[]")

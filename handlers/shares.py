@@ -3,6 +3,7 @@ computed from the blocks alone, so that every process derives the same assignmen
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Sequence
 
 # Byte-balanced is not cost-balanced: a plan's leaves cost different CPU per byte (an embedding is copied, an
@@ -13,6 +14,21 @@ STRIPES_PER_PROCESS = 4
 # Striping only where every stripe still spans many blocks (few large blocks, such as whole safetensors shards,
 # stay in contiguous runs): a stripe misplaces at most a block at each end.
 MIN_BLOCKS_PER_STRIPE = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class Processes:
+  """Which of the processes saving one checkpoint together this one is. Each writes a disjoint share of the
+  blocks (`owners`, handlers/claims.py); the primary creates every array's metadata and writes the `_sharding`
+  entries."""
+
+  index: int = 0
+  count: int = 1
+  primary: int = 0
+
+  @property
+  def is_primary(self) -> bool:
+    return self.index == self.primary
 
 
 def stripes_per_process(num_blocks: int, count: int) -> int:

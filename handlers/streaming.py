@@ -120,11 +120,12 @@ async def write_lazy_tensors(
       leaf, index = located[number]
       lazy = values[leaf]
       store, _ = await opened_leaf(leaf)
+      nbytes = sizes[number]
+      # Checked once the budget has room: the save may have failed, or been cancelled, while this waited for it.
+      await budget.acquire(nbytes)
       if errors:
         raise errors[0]
       _raise_if_cancelled(options)
-      nbytes = sizes[number]
-      await budget.acquire(nbytes)
       task = asyncio.create_task(_write_block(store, lazy, infos[leaf].name, index, nbytes, budget, options, errors))
       pending.add(task)
       task.add_done_callback(_finished)

@@ -6,6 +6,8 @@ import dataclasses
 import threading
 from typing import TYPE_CHECKING, Callable
 
+from handlers.shares import Processes
+
 if TYPE_CHECKING:
   from handlers.claims import Claims
   from handlers.early_reads import EarlyReads
@@ -24,21 +26,6 @@ class BlockWritten:
 
 
 @dataclasses.dataclass(frozen=True)
-class Processes:
-  """Which of the processes saving one checkpoint together this one is. Each writes a disjoint share of the
-  blocks (handlers/shares.py, handlers/claims.py); the primary creates every array's metadata and writes the
-  `_sharding` entries."""
-
-  index: int = 0
-  count: int = 1
-  primary: int = 0
-
-  @property
-  def is_primary(self) -> bool:
-    return self.index == self.primary
-
-
-@dataclasses.dataclass(frozen=True)
 class WriteOptions:
   max_inflight_bytes: int = DEFAULT_MAX_INFLIGHT_BYTES
   # Called on the save's event loop after each block's write has completed (progress bars, resume journals).
@@ -52,6 +39,10 @@ class WriteOptions:
   # zstd (Orbax's default for zarr3, level 3), or no compression: larger files, no compressor on the critical
   # path (Orbax's own ArrayOptions.Saving.use_compression; every reader, MaxText's included, reads both).
   compression: bool = True
+  # A crc32c at the end of every stored chunk's codec chain, which tensorstore checks on every read (Orbax v0 and
+  # v1, MaxText's loader): a damaged byte fails the restore instead of restoring wrong values. Off only to write
+  # what earlier versions wrote (comparisons).
+  checksums: bool = True
   # The save's first blocks, read while the save was being set up (handlers/early_reads.py): taken, not re-read.
   early_reads: EarlyReads | None = None
 

@@ -26,7 +26,7 @@ from absl.testing import absltest, parameterized
 from converter import families  # pylint: disable=g-import-not-at-top
 from converter.options import PlanOptions, SaveOptions  # pylint: disable=g-import-not-at-top
 from converter.output import orbax_writer  # pylint: disable=g-import-not-at-top
-from converter.output.destination import destination_for  # pylint: disable=g-import-not-at-top
+from converter.output.destinations import destination_for  # pylint: disable=g-import-not-at-top
 from converter.model_config import load_model_config
 from converter.plan import build_plan
 from converter.sources import open_source

@@ -20,7 +20,7 @@ harness.start_jax()
 from converter import families  # pylint: disable=g-import-not-at-top,g-bad-import-order
 from converter.options import PlanOptions, SaveOptions  # pylint: disable=g-import-not-at-top
 from converter.output import orbax_writer  # pylint: disable=g-import-not-at-top
-from converter.output.destination import destination_for  # pylint: disable=g-import-not-at-top
+from converter.output.destinations import destination_for  # pylint: disable=g-import-not-at-top
 from converter.families import Layout
 from converter.model_config import load_model_config
 from converter.plan import build_plan

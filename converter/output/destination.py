@@ -4,7 +4,7 @@ Orbax commits a step on a local disk by renaming its temporary directory, and in
 writing a commit file last. Everything around the save follows the same split: how the output is locked against
 a second writer, how the resume journal is made durable, how an HF checkpoint is staged and published, whether
 the save's files are written behind. The owners of an output (converter/output/maxtext.py, huggingface.py) ask
-their destination and never test the path themselves.
+their destination (chosen by converter/output/destinations.py) and never test the path themselves.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import json
 import threading
 from typing import ContextManager, Protocol, Sequence
 
-from converter import storage
 from handlers.write_options import BlockWritten
 
 
@@ -79,14 +78,3 @@ class Destination(Protocol):
   def publish(self, staging: str, unsynced: Sequence[str]) -> None:
     """Makes the staged HF checkpoint the output, whole or not at all; `unsynced`: the files in `staging` its
     writers did not sync themselves."""
-
-
-def destination_for(path: str) -> Destination:
-  """The destination of a resolved output path: a bucket for gs:// and s3:// paths, else a local disk."""
-  if storage.is_remote(path):
-    from converter.output.bucket import Bucket  # pylint: disable=g-import-not-at-top
-
-    return Bucket(path)
-  from converter.output.local import LocalDisk  # pylint: disable=g-import-not-at-top
-
-  return LocalDisk(path)

@@ -17,7 +17,7 @@ from converter import storage
 from converter.errors import ConversionError
 from converter.options import RunContext
 from converter.output import lock
-from converter.output.destination import destination_for
+from converter.output.destinations import destination_for
 from converter.output.primary import all_then_on_primary, on_primary_then_all
 
 
@@ -33,7 +33,7 @@ class HuggingFaceOutput:
     """`write_shards(directory)` writes this process's shards there; once every process has, the primary writes
     `last_files()` (name -> text: the index and config.json, which make it a checkpoint) and publishes."""
     processes = self._run.processes
-    with lock.hold(self.path) if processes.is_primary else contextlib.nullcontext():
+    with lock.hold(self._destination) if processes.is_primary else contextlib.nullcontext():
       staging = on_primary_then_all(
           processes, "output prepared",
           lambda: self._destination.stage(self._run.overwrite, shared=processes.count > 1))

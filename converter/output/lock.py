@@ -15,9 +15,12 @@ import socket
 import threading
 import time
 import uuid
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from converter.errors import ConversionError
+
+if TYPE_CHECKING:
+  from converter.output.destination import Destination, Lock
 
 SUFFIX = ".hf2maxtext-lock"
 LEASE_S = float(os.environ.get("HF2MAXTEXT_LOCK_LEASE_S", "60"))
@@ -43,13 +46,13 @@ def describe(record: dict) -> str:
 
 
 @contextlib.contextmanager
-def hold(output_dir: str, *, on_lost: threading.Event | None = None, lease_s: float = LEASE_S) -> Iterator[object]:
+def hold(destination: Destination, *, on_lost: threading.Event | None = None,
+         lease_s: float = LEASE_S) -> Iterator[Lock]:
   """Holds the output's lock for the block, or raises ConversionError naming whoever holds it. `on_lost` is set
   if a bucket lease is lost mid-conversion (the holder then stops before its next block and commits nothing);
-  a ConversionError raised inside the block after that says so."""
-  from converter.output.destination import destination_for  # pylint: disable=g-import-not-at-top
-
-  lock = destination_for(output_dir).lock(lock_path(output_dir), lease_s, on_lost)
+  a ConversionError raised inside the block after that says so. The caller passes the destination it chose:
+  its kinds (local.py, bucket.py) import this module, which therefore does not choose among them."""
+  lock = destination.lock(lock_path(destination.path), lease_s, on_lost)
   lock.acquire()
   try:
     yield lock

@@ -16,7 +16,7 @@ from converter import storage
 from converter.errors import ConversionError
 from converter.options import RunContext, SaveOptions
 from converter.output import layout, lock, orbax_writer, resume
-from converter.output.destination import destination_for
+from converter.output.destinations import destination_for
 from converter.output.primary import all_then_on_primary, on_primary_then_all
 from converter.output.record import ConversionRecord
 from converter.plan import Plan
@@ -50,7 +50,7 @@ class MaxTextOutput:
     writes its share."""
     primary = self._run.processes.is_primary
     try:
-      with lock.hold(self.path, on_lost=self._run.cancel) if primary else contextlib.nullcontext():
+      with lock.hold(self._destination, on_lost=self._run.cancel) if primary else contextlib.nullcontext():
         return self._attempt(plan, options, record)
     finally:
       if self._run.early_reads is not None:

@@ -13,7 +13,7 @@ from converter import conversion, lazy_leaves
 from converter.errors import ConversionError
 from converter.options import PlanOptions, SaveOptions
 from converter.output import orbax_writer
-from converter.output.destination import destination_for
+from converter.output.destinations import destination_for
 from tools import checkpoint_io
 from tools.failing_loader import failing
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Callable, TypeVar
 
 from converter import processes as processes_lib
-from handlers.write_options import Processes
+from handlers.shares import Processes
 
 T = TypeVar("T")
 

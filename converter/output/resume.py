@@ -39,7 +39,7 @@ from converter.output.destination import Destination, Journal
 from converter.output.primary import on_primary_then_all
 from converter.plan import Plan
 from converter.sources import SourceTensor
-from handlers.write_options import Processes
+from handlers.shares import Processes
 
 RESUME_DIR = f"{orbax_layout.STEP}.hf2maxtext-resume"
 # gen-N.journal (one process), gen-N.process-I.journal (process I of several); .NNNNNN parts in buckets.

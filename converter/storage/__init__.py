@@ -62,6 +62,23 @@ def split_bucket(path: str) -> tuple[str, str, str]:
   return scheme, bucket, name
 
 
+def kvstore_spec(path: str) -> dict[str, Any]:
+  """The tensorstore kvstore spec of a file or directory, as Orbax builds its own: the file driver for a local
+  path; for a gs:// path the driver TENSORSTORE_GCS_BACKEND names ("gcs" unless set), Orbax's own switch, so that a
+  checkpoint is read through the client it was written with. The path is normalised (no trailing slash, `.` or
+  `..`). Refused: a relative local path (tensorstore would resolve it against the working directory, which under
+  `bazel run` is not the user's: see `resolve`), and any other scheme."""
+  if not is_remote(path):
+    if not os.path.isabs(path):
+      raise ConversionError(f"{path}: a checkpoint path must be absolute here")
+    return {"driver": "file", "path": os.path.normpath(path)}
+  scheme, bucket, name = split_bucket(path)
+  if scheme != "gs":
+    raise ConversionError(f"{path}: Orbax checkpoints are read from gs:// buckets or local disks only")
+  return {"driver": os.environ.get("TENSORSTORE_GCS_BACKEND", "gcs"), "bucket": bucket,
+          "path": posixpath.normpath(name).rstrip("/") if name else ""}
+
+
 def configure_emulator(environ: dict[str, str] | Any = os.environ) -> None:
   """With STORAGE_EMULATOR_HOST set, points tensorstore at the same endpoint (it reads its own variables), with a
   placeholder token, and turns off gcsfs' gRPC bucket-layout lookup, which against a plain-http emulator waits

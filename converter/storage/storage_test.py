@@ -1,9 +1,11 @@
-"""Paths, the emulator variable and error wording of converter.storage (the bucket calls themselves run against a
-real GCS endpoint in integration_tests/gcs_test.py)."""
+"""Paths and their tensorstore kvstore specs, the emulator variable and error wording of converter.storage (the
+bucket calls themselves run against a real GCS endpoint in integration_tests/gcs_test.py)."""
 
 import os
 import tempfile
+from unittest import mock
 
+import tensorstore as ts
 from absl.testing import absltest
 
 from converter import storage
@@ -36,6 +38,35 @@ class PathsTest(absltest.TestCase):
   def test_s3_is_refused_with_the_reason(self):
     with self.assertRaisesRegex(ConversionError, r"s3://b/x: s3:// is not supported.*s3fs"):
       storage.resolve("s3://b/x")
+
+
+class KvstoreSpecTest(absltest.TestCase):
+
+  def test_a_local_path_is_a_file_kvstore_tensorstore_reads_the_file_through(self):
+    directory = tempfile.mkdtemp()
+    storage.write_text(os.path.join(directory, "f"), "0123")
+    spec = storage.kvstore_spec(f"{directory}/./sub/../")
+    self.assertEqual(spec, {"driver": "file", "path": directory})
+    self.assertEqual(ts.KvStore.open({**spec, "path": spec["path"] + "/"}).result().read("f").result().value,
+                     b"0123")
+
+  def test_a_relative_local_path_is_refused(self):
+    with self.assertRaisesRegex(ConversionError, "^run/items: a checkpoint path must be absolute here$"):
+      storage.kvstore_spec("run/items")
+
+  def test_a_bucket_path_names_bucket_and_object_through_the_gcs_backend_orbax_uses(self):
+    with mock.patch.dict(os.environ):
+      os.environ.pop("TENSORSTORE_GCS_BACKEND", None)
+      self.assertEqual(storage.kvstore_spec("gs://bucket/run//0/items/"),
+                       {"driver": "gcs", "bucket": "bucket", "path": "run/0/items"})
+      self.assertEqual(storage.kvstore_spec("gs://bucket"), {"driver": "gcs", "bucket": "bucket", "path": ""})
+      os.environ["TENSORSTORE_GCS_BACKEND"] = "gcs_grpc"
+      self.assertEqual(storage.kvstore_spec("gs://bucket/items"),
+                       {"driver": "gcs_grpc", "bucket": "bucket", "path": "items"})
+
+  def test_other_schemes_are_refused(self):
+    with self.assertRaisesRegex(ConversionError, "^s3://b/items: .* from gs:// buckets or local disks only$"):
+      storage.kvstore_spec("s3://b/items")
 
 
 class EmulatorTest(absltest.TestCase):

@@ -1,0 +1,14 @@
+"""Chooses an output's kind of storage from its path, apart from destination.py so that the protocol the kinds
+implement (local.py and bucket.py import it) does not import them back."""
+
+from __future__ import annotations
+
+from converter import storage
+from converter.output.bucket import Bucket
+from converter.output.destination import Destination
+from converter.output.local import LocalDisk
+
+
+def destination_for(path: str) -> Destination:
+  """The destination of a resolved output path: a bucket for gs:// and s3:// paths, else a local disk."""
+  return Bucket(path) if storage.is_remote(path) else LocalDisk(path)
