@@ -184,6 +184,16 @@ class CheckpointReader:
       return self.chunk_shape(array.fp8[0])
     return self._chunk_shapes[array.path]
 
+  def chunk_codecs(self, array: StoredArray) -> tuple[str, ...]:
+    """The codecs each stored chunk of `array` passes through, bytes first (inside zarr3's `sharding_indexed`):
+    ("bytes", "zstd", "crc32c") for a compressed chunk this converter checksummed. Empty for zarr v2."""
+    if array.fp8 is not None:
+      return self.chunk_codecs(array.fp8[0])
+    codecs = self._open_store(array, self._probe_context).spec().to_json().get("metadata", {}).get("codecs", [])
+    if codecs and codecs[0]["name"] == "sharding_indexed":
+      codecs = codecs[0]["configuration"]["codecs"]
+    return tuple(codec["name"] for codec in codecs)
+
   def first_chunk(self, array: StoredArray, index: Index) -> tuple[int, ...]:
     """Grid coordinates of the first stored chunk `array[index]` touches (ints and step-1 slices)."""
     full = tuple(index) + (slice(None),) * (len(array.shape) - len(index))

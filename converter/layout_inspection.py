@@ -1,5 +1,5 @@
 """An existing checkpoint's stored layout, as converter/chunking.py predicts restores from: every leaf's shape,
-stored (read) chunk and MaxText logical axes, from metadata alone."""
+stored (read) chunk and MaxText logical axes, and whether its chunks carry checksums, from metadata alone."""
 
 from __future__ import annotations
 
@@ -32,3 +32,11 @@ def stored_leaves(items_path: str) -> tuple[dict[str, chunking.StoredLeaf], dict
     leaves[name] = chunking.StoredLeaf(array.shape, reader.chunk_shape(array), array.dtype.itemsize,
                                        tuple(axes) if axes is not None else (None,) * len(array.shape))
   return leaves, record.chunking
+
+
+def unchecksummed_leaves(items_path: str) -> list[str]:
+  """The leaves whose stored chunks carry no checksum a restore verifies (written before this converter added
+  them, by another writer, or with --nochunk_checksums): a damaged byte there restores as a wrong value."""
+  reader = CheckpointReader(items_path)
+  return ["/".join(key[len(PARAMS):] if key[: len(PARAMS)] == PARAMS else key)
+          for key, array in sorted(reader.arrays.items()) if reader.chunk_codecs(array)[-1:] != ("crc32c",)]

@@ -52,6 +52,14 @@ class LayoutInspectionTest(absltest.TestCase):
     self.assertEqual({n: tuple(l.logical_axes) for n, l in derived.items()},
                      {n: tuple(l.logical_axes) for n, l in recorded.items()})
 
+  def test_every_stored_chunk_is_checksummed_unless_turned_off(self):
+    self.assertEqual(layout_inspection.unchecksummed_leaves(self.items), [])
+    out = os.path.join(tempfile.mkdtemp(dir=absltest.get_default_test_tmpdir()), "out")
+    plain = conversion.convert_to_maxtext(MODEL, out, PlanOptions(chunking=self.rule),
+                                          SaveOptions(devices=1, checksums=False)).items_path
+    leaves, _ = layout_inspection.stored_leaves(plain)
+    self.assertEqual(layout_inspection.unchecksummed_leaves(plain), sorted(leaves))
+
 
 if __name__ == "__main__":
   absltest.main()

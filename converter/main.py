@@ -90,6 +90,9 @@ flags.DEFINE_boolean("keep_fp8", False, "FP8 checkpoints: keep the FP8 kernels a
                      " MaxText's fp8 models hold them (e.g. qwen3.5-35b-a3b-fp8); half the bytes. Default: dequantize.")
 flags.DEFINE_enum("compression", "zstd", ["zstd", "none"], "Stored arrays' codec: zstd (Orbax's default, level 3)"
                   " or none (larger, and no compressor in the way: for local scratch). MaxText reads both.")
+flags.DEFINE_boolean("chunk_checksums", True, "A crc32c on every stored chunk, which every restore (Orbax, MaxText)"
+                     " verifies: a damaged byte fails the restore instead of loading a wrong weight. false writes"
+                     " chunks without one, as versions before 2026-12 did (for comparisons).")
 flags.DEFINE_integer("storage_retries", 10, "Buckets: retries of one failed request (backing off 1 s, 2 s, ... up to"
                      " 32 s) before the conversion fails; 10 rides out about three minutes of outage.", lower_bound=0)
 flags.DEFINE_enum("distributed", "off", ["off", "auto"], "auto: one conversion across every process of a TPU pod or"
@@ -211,7 +214,8 @@ def _export_lora_adapter(options: ReverseOptions, run: RunContext, start: float)
 
 _TO_MAXTEXT_ONLY = ("scan_layers", "lazy_load_tensors", "simulated_cpu_devices_count", "save_dtype",
                     "target_vocab_size", "allow_unused_tensors", "dry_run", "verify", "resume",
-                    "keep_fp8", "revision", "compression", "lora_adapter_path", "lora_adapter_revision")
+                    "keep_fp8", "revision", "compression", "chunk_checksums", "lora_adapter_path",
+                    "lora_adapter_revision")
 
 
 def run() -> None:
@@ -260,7 +264,8 @@ def _plan_options() -> PlanOptions:
 
 def _save_options() -> SaveOptions:
   return SaveOptions(lazy=FLAGS.lazy_load_tensors, devices=FLAGS.simulated_cpu_devices_count,
-                     max_inflight_bytes=FLAGS.max_inflight_bytes, compression=FLAGS.compression == "zstd")
+                     max_inflight_bytes=FLAGS.max_inflight_bytes, compression=FLAGS.compression == "zstd",
+                     checksums=FLAGS.chunk_checksums)
 
 
 def _run_to_maxtext(plan: Plan, start: float, early_reads: EarlyReads | None = None) -> None:

@@ -1,7 +1,9 @@
 """Re-reads a written checkpoint block by block and compares it with the source tensors after the transform.
 
 The comparison is exact (bytes), leaf by leaf, one block in memory at a time: a conversion that wrote the
-wrong bytes anywhere (a storage fault, a bug in the save path) is caught here, independently of logits.
+wrong bytes anywhere (a storage fault, a bug in the save path) is caught here, independently of logits. A stored
+chunk that fails its checksum (handlers/_orbax_private.py `with_chunk_checksums`) is reported as damaged, with
+the block and tensorstore's own words, which name the chunk (`shard entry {i, j}/{grid} in "c/0/0"`).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from typing import Callable
 import numpy as np
 
 from converter.checkpoint_reader import CheckpointReader
+from converter.errors import ConversionError
 from converter.lazy_leaves import write_blocks
 from converter.plan import Plan
 from handlers import DEFAULT_MAX_INFLIGHT_BYTES, Processes, shares
@@ -59,13 +62,17 @@ def verify_checkpoint(
     array = reader.open(stored, tuple(slice(0, b) for b in block), _READ_CACHE_BYTES)
     for index in leaf_indices:
       expected = lazy.read(index)
-      got = array.read(index)
+      where = f"{leaf.name} (from {', '.join(leaf.sources[:2])}) block at {tuple(s.start for s in index)}"
+      try:
+        got = array.read(index)
+      except ConversionError as e:
+        mismatches.append(f"{where}: damaged or unreadable: {e.__cause__ or e}")
+        break  # One report per leaf is enough to act on.
       blocks += 1
       total += expected.nbytes
       if got.tobytes() != expected.tobytes():
-        mismatches.append(f"{leaf.name} (from {', '.join(leaf.sources[:2])}) block at"
-                          f" {tuple(s.start for s in index)}: {_first_difference(got, expected)}")
-        break  # One report per leaf is enough to act on.
+        mismatches.append(f"{where}: {_first_difference(got, expected)}")
+        break
       if on_block is not None:
         on_block(expected.nbytes)
   return VerifyReport(len(plan.leaves), blocks, total, tuple(mismatches))

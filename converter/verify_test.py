@@ -34,11 +34,12 @@ def _plan(model_dir: str, **options) -> plan.Plan:
                          PlanOptions(**{"save_dtype": "float32", **options}))
 
 
-def _save(the_plan: plan.Plan, compression: bool = True) -> str:
+def _save(the_plan: plan.Plan, compression: bool = True, checksums: bool = True) -> str:
   """The plan's leaves saved through our handlers (what a conversion writes); the items path."""
   out = _tmpdir()
   tree = the_plan.tree(lambda leaf: LazyTensor(leaf.name, leaf.shape, leaf.dtype, leaf.loader))
-  checkpointer = ocp.v1.training.Checkpointer(out, context=lazy_tensor_context(WriteOptions(compression=compression)))
+  options = WriteOptions(compression=compression, checksums=checksums)
+  checkpointer = ocp.v1.training.Checkpointer(out, context=lazy_tensor_context(options))
   checkpointer.save_checkpointables(0, {ITEMS: tree})
   checkpointer.close()
   return os.path.join(out, "0", ITEMS)
@@ -70,27 +71,41 @@ class VerifyTest(absltest.TestCase):
     self.assertEqual(sum(s.bytes for s in shares), self.plan.total_bytes)
     self.assertTrue(all(s.bytes for s in shares))  # Both have work: the blocks are balanced by bytes.
 
-  def test_a_flipped_bit_in_one_stored_block_is_reported_naming_the_leaf(self):
-    # Uncompressed, the embedding (one block, one chunk) lies in a data file as its raw bytes: flip one bit there.
-    items = _save(self.plan, compression=False)
+  def _flip_embedding_bit(self, items: str, row: int, column: int) -> None:
+    """Uncompressed, the embedding (one block) lies in a data file as its raw bytes: flips one bit there."""
     leaf = next(leaf for leaf in self.plan.leaves if leaf.name == _EMBEDDING)
-    stored = np.asarray(leaf.loader(), leaf.dtype).tobytes()
-    row, column = 100, 7
+    stored = np.asarray(leaf.loader(), leaf.dtype)
     flipped = 0
     for path in glob.glob(os.path.join(items, "**", "d", "*"), recursive=True):
       with open(path, "rb") as f:
         data = bytearray(f.read())
-      at = data.find(stored)
+      at = data.find(stored[row].tobytes())  # The row, wherever the inner chunks put it.
       if at >= 0:
-        data[at + (row * leaf.shape[1] + column) * leaf.dtype.itemsize] ^= 0x01
+        data[at + column * leaf.dtype.itemsize] ^= 0x01
         with open(path, "wb") as f:
           f.write(bytes(data))
         flipped += 1
     self.assertGreaterEqual(flipped, 1)
+
+  def test_a_flipped_bit_in_an_unchecksummed_block_is_reported_naming_the_leaf(self):
+    items = _save(self.plan, compression=False, checksums=False)  # As versions before checksums wrote them.
+    row, column = 100, 7
+    self._flip_embedding_bit(items, row, column)
     report = verify_checkpoint(self.plan, items)
     (mismatch,) = report.mismatches
     self.assertStartsWith(mismatch, f"{_EMBEDDING} (from model.embed_tokens.weight) block at (0, 0)")
     self.assertEndsWith(mismatch, f": 1 differing values, first at ({row}, {column})")
+
+  def test_a_chunk_failing_its_checksum_is_reported_naming_the_leaf_and_the_chunk(self):
+    items = _save(self.plan, compression=False)
+    self._flip_embedding_bit(items, 100, 7)
+    report = verify_checkpoint(self.plan, items)
+    (mismatch,) = report.mismatches
+    self.assertStartsWith(mismatch, f"{_EMBEDDING} (from model.embed_tokens.weight) block at (0, 0): damaged")
+    self.assertIn("DATA_LOSS", mismatch)
+    # tensorstore names the damaged inner chunk: its index in the write block's grid, and the block's key.
+    self.assertRegex(mismatch, r'shard entry \{\d+, 0\}/\{\d+, 1\} in'
+                               r' "params\.params\.token_embedder\.embedding/c/0/0"')
 
   def test_a_leaf_stored_in_another_dtype_is_reported(self):
     bf16_plan = _plan(self.model_dir, save_dtype="bfloat16")

@@ -2,9 +2,10 @@
 
 orbax-checkpoint 0.12.8 exposes no public path to the v1 leaf-handler registry, to the numpy and array leaf
 handlers, or to the pieces a handler needs to write an array itself (the tensorstore write spec, the sharding
-file, the commit future): `ocp.v1.serialization` and `PyTreeOptions.leaf_handler_registry` were removed
-upstream in May 2026, while `ocp.v1.handlers.PyTreeHandler(leaf_handler_registry=...)` still takes one. When
-Orbax publishes these again, this module is the only file to change.
+file, the commit future), nor an option for the codecs of a stored array: `ocp.v1.serialization` and
+`PyTreeOptions.leaf_handler_registry` were removed upstream in May 2026, while
+`ocp.v1.handlers.PyTreeHandler(leaf_handler_registry=...)` still takes one. When Orbax publishes these again, this
+module is the only file to change.
 """
 
 from typing import Awaitable
@@ -50,6 +51,46 @@ def create_array_metadata_dir(array_metadata_store, checkpoint_dir) -> Awaitable
 def leaf_handler_registry_of(pytree_handler) -> "StandardLeafHandlerRegistry":
   """The leaf registry an `ocp.v1.handlers.PyTreeHandler` saves and loads with (no public accessor in 0.12.8)."""
   return pytree_handler._leaf_handler_registry  # pylint: disable=protected-access
+
+
+CHUNK_CHECKSUM_CODEC = {"name": "crc32c"}
+_stock_zarr3_metadata = _ts_utils._build_zarr3_metadata  # pylint: disable=protected-access
+_chunk_checksums = True
+
+
+def with_chunk_checksums(metadata: dict) -> dict:
+  """zarr3 array `metadata` with a crc32c codec closing each stored chunk's codec chain (inside the
+  `sharding_indexed` codec where there is one, after the compressor: it checks the bytes as stored).
+
+  Orbax 0.12.8 checksums only the shard index; the chunks themselves are plain zstd frames or raw bytes, so a
+  damaged byte mostly restores as a wrong value without an error. tensorstore verifies the crc32c on every read
+  (any reader of the zarr3 spec, stock Orbax and MaxText included) and refuses a mismatch. It is a property of the
+  codec chain, not of the chunk grid: every chunk of every grid carries one."""
+  codecs = metadata.get("codecs") or []
+  if codecs and codecs[0].get("name") == "sharding_indexed":
+    inner = codecs[0]["configuration"]["codecs"]
+    if inner[-1:] != [CHUNK_CHECKSUM_CODEC]:
+      codecs = [{**codecs[0], "configuration": {**codecs[0]["configuration"],
+                                                 "codecs": [*inner, CHUNK_CHECKSUM_CODEC]}}, *codecs[1:]]
+  elif codecs[-1:] != [CHUNK_CHECKSUM_CODEC]:
+    codecs = [*codecs, CHUNK_CHECKSUM_CODEC]
+  return {**metadata, "codecs": codecs}
+
+
+def _zarr3_metadata(global_shape, chunk_shape, use_compression: bool) -> dict:
+  metadata = _stock_zarr3_metadata(global_shape, chunk_shape, use_compression)
+  return with_chunk_checksums(metadata) if _chunk_checksums else metadata
+
+
+def checksum_chunks(enabled: bool) -> None:
+  """Whether the arrays this process saves from now on checksum every stored chunk (`with_chunk_checksums`).
+
+  Orbax builds every array's zarr3 metadata in one function (`tensorstore_utils._build_zarr3_metadata`, for our
+  streamed leaves, its own numpy and jax.Array leaves and scalars alike) and has no option for the codec chain:
+  it is replaced by one that appends the checksum, once, for the whole process."""
+  global _chunk_checksums
+  _chunk_checksums = enabled
+  _ts_utils._build_zarr3_metadata = _zarr3_metadata  # pylint: disable=protected-access
 
 
 def with_inner_chunks(json_spec: dict, inner: tuple[int, ...] | None) -> dict:

@@ -108,10 +108,10 @@ class RegistryTest(absltest.TestCase):
     for context in (compressed, uncompressed):
       self.assertTrue(context.checkpointables.registry.has(ITEMS))
 
-  def test_compression_option_reaches_the_stored_arrays(self):
-    for compression in (True, False):
+  def test_compression_and_checksum_options_reach_the_stored_arrays(self):
+    for compression, checksums in ((True, True), (False, True), (True, False)):
       out = _tmpdir()
-      context = lazy_tensor_context(WriteOptions(compression=compression))
+      context = lazy_tensor_context(WriteOptions(compression=compression, checksums=checksums))
       checkpointer = ocp.v1.training.Checkpointer(out, context=context)
       checkpointer.save_checkpointables(0, {ITEMS: _tree()})
       checkpointer.close()
@@ -123,8 +123,9 @@ class RegistryTest(absltest.TestCase):
       info = ocp.type_handlers.ParamInfo(name="params.params.a", parent_dir=epath.Path(out) / "0" / ITEMS,
                                          is_ocdbt_checkpoint=True, use_zarr3=True, ts_context=context)
       spec = ts.open(ocp.type_handlers.get_json_tspec_read(info, use_ocdbt=True), open=True, context=context)
-      codecs = json.dumps(spec.result().spec().to_json()["metadata"]["codecs"])
-      self.assertEqual("zstd" in codecs, compression, codecs)
+      codecs = spec.result().spec().to_json()["metadata"]["codecs"][0]["configuration"]["codecs"]
+      self.assertEqual([codec["name"] for codec in codecs],
+                       ["bytes"] + ["zstd"] * compression + ["crc32c"] * checksums, codecs)
 
   def test_v0_registration_saves_lazy_tensors(self):
     out = os.path.join(_tmpdir(), "v0")

@@ -27,6 +27,7 @@ import ml_dtypes  # pylint: disable=g-import-not-at-top,g-bad-import-order
 import numpy as np  # pylint: disable=g-import-not-at-top,g-bad-import-order
 from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
 
+from converter import layout_inspection  # pylint: disable=g-import-not-at-top
 from converter.output.record import ConversionRecord  # pylint: disable=g-import-not-at-top
 from tools import checkpoint_io, quantize, tiny_models, validate_lib  # pylint: disable=g-import-not-at-top
 from tools import synthetic_checkpoint  # pylint: disable=g-import-not-at-top
@@ -153,6 +154,7 @@ class NativeFp8Test(parameterized.TestCase):
     self.assertEqual(checkpoint_io.trees_bit_identical(dequantized, plain), [])
     overrides = ConversionRecord.read(native_items).maxtext_overrides
     self.assertEqual((overrides["weight_dtype"], overrides["weight_block_size"]), ("float8_e4m3fn", 32))
+    self.assertEqual(layout_inspection.unchecksummed_leaves(native_items), [])  # FP8 kernels and scales alike.
     self.assertIn("in_proj_ba", overrides["unquantized_modules"])
 
   def test_scales_regrouped_per_key_head_in_block_units(self):

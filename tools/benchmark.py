@@ -78,6 +78,9 @@ flags.DEFINE_list("processes", [], "Also convert with several processes (one dev
 flags.DEFINE_string("bucket", None, "Also convert from and to a bucket: `emulator` (fake-gcs-server on 127.0.0.1,"
                     " objects on the work_dir's disk; it handles multi-GB uploads slowly: use --shard_mb=40) or gs://BUCKET/PREFIX (a real one, or the one"
                     " STORAGE_EMULATOR_HOST points at); the input is uploaded there once.")
+flags.DEFINE_list("variant_flags", [], "Also convert with these converter flags added, right after each run of the"
+                  " default (an A/B in the same runs, on the same machine state), as a row of its own: e.g."
+                  " --nochunk_checksums for what the chunks' checksums cost.")
 flags.DEFINE_string("results_page", "docs/benchmark-results.md", "Markdown page the run's tables are added to, newest"
                     " run first (created when absent); a relative path is taken from the repository root. Empty:"
                     " write no page.")
@@ -819,7 +822,7 @@ def main(argv: list[str]) -> None:
   output_floor_bytes = input_bytes * (2 if quantized else 1)  # FP8 becomes bfloat16.
   floors, native_floors, codec_floors, reverse_floors = [], [], [], []  # codec: (encode, decode, their CPU-s)
   median = lambda runs, k: statistics.median(r[k] for r in runs)
-  rows, native_rows, reverse_rows, lora_rows = [], [], [], []
+  rows, native_rows, reverse_rows, lora_rows, variant_rows, variant_reverse_rows = [], [], [], [], [], []
   adapter_dir = os.path.join(FLAGS.work_dir, f"lora-r{FLAGS.lora_rank}")
   if FLAGS.lora_rank:
     from converter.sources import open_safetensors  # pylint: disable=g-import-not-at-top
@@ -832,6 +835,7 @@ def main(argv: list[str]) -> None:
     print(f"wrote a rank-{FLAGS.lora_rank} LoRA adapter of {len(modules)} modules to {adapter_dir}", flush=True)
   for devices in FLAGS.devices:
     walls, peaks, cpus, routes, native_runs, reverse_runs, lora_runs = [], [], [], [], [], [], []
+    variant_runs, variant_reverse_runs = [], []
     predicted_peak = dry_run_peak(_convert_command(input_dir, output_dir, devices), env)
     lora_command = _convert_command(input_dir, output_dir, devices, f"--lora_adapter_path={adapter_dir}")
     lora_predicted_peak = dry_run_peak(lora_command, env) if FLAGS.lora_rank else None
@@ -840,6 +844,15 @@ def main(argv: list[str]) -> None:
       floors.append(in_child(io_floor, input_files, output_floor_bytes, FLAGS.work_dir))
       if not quantized:
         codec_floors.append(in_child(compression_floors, input_dir, output_floor_bytes, FLAGS.work_dir))
+      if FLAGS.variant_flags:  # First, so that the default's output is there for the rows below.
+        variant_runs.append((*_run(f"  {' '.join(FLAGS.variant_flags)}", _convert_command(
+            input_dir, output_dir, devices, *FLAGS.variant_flags), env, cgroup), _du(output_dir)))
+        if FLAGS.reverse:
+          shutil.rmtree(back_dir, ignore_errors=True)
+          warm(output_dir)
+          variant_reverse_runs.append((*_run("  back to HuggingFace", _reverse_command(
+              os.path.join(output_dir, "0", "items"), back_dir), env, cgroup), _du(back_dir)))
+        shutil.rmtree(output_dir, ignore_errors=True)
       wall, peak, cpu = _run(f"devices={devices}", _convert_command(input_dir, output_dir, devices), env, cgroup)
       walls.append(wall)
       peaks.append(peak)
@@ -886,6 +899,10 @@ def main(argv: list[str]) -> None:
       reverse_rows.append((devices, *(median(reverse_runs, k) for k in range(4))))
     if lora_runs:
       lora_rows.append((devices, *(median(lora_runs, k) for k in range(4)), lora_predicted_peak))
+    if variant_runs:
+      variant_rows.append((devices, *(median(variant_runs, k) for k in range(4))))
+    if variant_reverse_runs:
+      variant_reverse_rows.append((devices, *(median(variant_reverse_runs, k) for k in range(4))))
   shutil.rmtree(output_dir, ignore_errors=True)
   io = statistics.median(floors)
   encode, decode, encode_cpu, decode_cpu = (median(codec_floors, k) for k in range(4))
@@ -915,6 +932,13 @@ def main(argv: list[str]) -> None:
                      out_bytes, input_bytes, io, encode, forward_start_up, cpu=(cpu, encode_cpu),
                      predicted_peak=predicted)
                  for devices, wall, peak, cpu, out_bytes, predicted in lora_rows]
+  table_rows += [_row(f"{FLAGS.family} -> MaxText, {' '.join(FLAGS.variant_flags)}", devices, wall, peak, out_bytes,
+                      input_bytes, io, encode, forward_start_up, cpu=(cpu, encode_cpu))
+                 for devices, wall, peak, cpu, out_bytes in variant_rows]
+  if variant_reverse_rows:
+    table_rows += [_row(f"MaxText -> HuggingFace, from {' '.join(FLAGS.variant_flags)}", devices, wall, peak,
+                        back_bytes, back_bytes, reverse_io, decode, reverse_start_up, cpu=(cpu, decode_cpu))
+                   for devices, wall, peak, cpu, back_bytes in variant_reverse_rows]
   if native_rows:
     native_floor = statistics.median(native_floors)
     table_rows += [_row(f"{FLAGS.family} -> MaxText, --keep_fp8 (native fp8 output)", devices, wall, peak, out_bytes,

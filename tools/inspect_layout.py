@@ -6,6 +6,7 @@ For each mesh (MaxText's mesh axis names; hosts of --devices_per_host consecutiv
 read under Orbax's restore (each host decodes every stored chunk its device shards touch, whole) over the bytes
 stored: "dedup" when a host reads each such chunk once, "worst" when once per distinct shard index. Leaves'
 logical axes come from the conversion record, or for a checkpoint MaxText wrote, from converter/logical_axes.py.
+It also says whether every stored chunk carries a checksum.
 """
 
 from __future__ import annotations
@@ -32,6 +33,12 @@ def main(argv: list[str]) -> None:
     for name, leaf in leaves.items():
       print(f"{name}  {leaf.shape}  chunk {leaf.chunk}  {tuple(leaf.logical_axes)}")
   print(f"chunks: {record or 'no hf2maxtext chunking record (not written by this converter)'}")
+  unchecksummed = layout_inspection.unchecksummed_leaves(items)
+  if unchecksummed:
+    print(f"checksums: none on {len(unchecksummed)} of {len(leaves)} leaves (e.g. {unchecksummed[0]}): a damaged"
+          " stored byte there restores as a wrong value")
+  else:
+    print("checksums: a crc32c on every stored chunk, verified by every restore")
   for text in FLAGS.mesh:
     mesh = chunking.parse_mesh(text)
     dedup, worst = chunking.predicted_amplification(list(leaves.values()), mesh, FLAGS.devices_per_host)

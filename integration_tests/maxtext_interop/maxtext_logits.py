@@ -45,8 +45,10 @@ When scan_layers is not given in logits mode it is read from OUT/0/_CHECKPOINT_M
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
+import shutil
 import sys
 import tempfile
 
@@ -95,6 +97,20 @@ def _checkpoint_scan_layers(items_path: str):
   return value if isinstance(value, bool) else None
 
 
+_base_output_directory: str | None = None
+
+
+def base_output_directory() -> str:
+  """One scratch directory per process for what MaxText writes beside a run (its config asks for one), removed
+  when the process exits: a directory per case, never removed, was left in the temporary directory for every
+  case of every CI run."""
+  global _base_output_directory
+  if _base_output_directory is None:
+    _base_output_directory = tempfile.mkdtemp(prefix="maxtext_logits_")
+    atexit.register(shutil.rmtree, _base_output_directory, ignore_errors=True)
+  return _base_output_directory
+
+
 def build_config(model_name: str, overrides: dict, batch: int, seq: int, load_parameters_path: str = ""):
   from maxtext.configs import pyconfig  # pylint: disable=import-outside-toplevel
 
@@ -109,7 +125,7 @@ def build_config(model_name: str, overrides: dict, batch: int, seq: int, load_pa
   kwargs.update(overrides)
   kwargs.update(_FIXED)
   kwargs["model_name"] = model_name
-  kwargs["base_output_directory"] = tempfile.mkdtemp(prefix="maxtext_logits_")
+  kwargs["base_output_directory"] = base_output_directory()
   if load_parameters_path:
     kwargs["load_parameters_path"] = os.path.abspath(load_parameters_path)
   base_yml = os.path.join(os.path.dirname(pyconfig.__file__), "base.yml")

@@ -69,6 +69,8 @@ flags.DEFINE_list("lora_families", ["qwen3"], "Tiny models also converted with a
                   " (--lora_adapter_path; scan on), against transformers' logits with peft's merge of it; and given"
                   " MaxText's own LoRA (maxtext_lora.py), whose saved factors, exported as a PEFT adapter"
                   " (--export=lora_adapter), must give MaxText's LoRA logits in peft.")
+flags.DEFINE_list("damaged_families", ["qwen3"], "Tiny models also converted (scan on) and then damaged, one bit"
+                  " flipped in one stored chunk: MaxText's loader must refuse them (the chunk's checksum).")
 flags.DEFINE_integer("jobs", 2, "Cases (convert + MaxText forward) run at once.")
 flags.DEFINE_integer("case_timeout_s", 600, "Timeout for each subprocess.")
 flags.DEFINE_string("work_dir", None, "Where models, checkpoints and logs go (default: a temporary directory).")
@@ -103,6 +105,8 @@ class Case:
   # MaxText's own LoRA (maxtext_lora.py) on the converted checkpoint, its saved factors exported as a PEFT adapter
   # (--export=lora_adapter): the reference is then transformers with that adapter in peft.
   lora_export: bool = False
+  # One bit of one stored chunk flipped after the conversion: MaxText's load must fail on the chunk's checksum.
+  damaged: bool = False
 
   @property
   def passed(self) -> bool:
@@ -169,10 +173,15 @@ def _converter_env() -> dict:
   return env
 
 
+_scratch: str | None = None  # Inside the work directory: whatever MaxText leaves there goes with it.
+
+
 def _maxtext_env() -> dict:
   # A clean interpreter: nothing from the 3.11 environment on its path.
   env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
   env.update(JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2")
+  if _scratch:
+    env["TMPDIR"] = _scratch
   return env
 
 
@@ -230,11 +239,19 @@ def run_case(case: Case) -> Case:
     inputs = ([f"--inputs={case.ids_path}"] + ([f"--align={','.join(case.align)}", f"--aligned_output={aligned_path}"]
                                                if case.align else [])
               if case.multimodal else [f"--token_ids={case.ids_path}"])
+    if case.damaged:
+      _damage_one_chunk(os.path.join(out_dir, "0", "items"))
     if case.lora_export:
       rc = _maxtext_lora_export(case, out_dir, overrides_path, logits_path, log)
     else:
       rc = _run_maxtext([f"--checkpoint={os.path.join(out_dir, '0', 'items')}", f"--model_name={case.maxtext_model}",
                          f"--overrides=@{overrides_path}", *inputs, f"--output={logits_path}"], log)
+    if case.damaged:
+      with open(log, encoding="utf-8", errors="replace") as f:
+        refused = rc not in (0, 124) and "Digest mismatch" in f.read()
+      case.error = "" if refused else (f"MaxText's load did not fail on the damaged chunk's checksum (exit {rc}):\n"
+                                       f"{_tail(log)}")
+      return case
     if rc != 0:
       why = {3: "parameter tree differs from MaxText's", 124: "timed out"}.get(rc, f"maxtext_logits.py exited {rc}")
       case.error = f"{why}:\n{_tail(log, 40 if rc == 3 else 15)}"
@@ -270,6 +287,17 @@ def run_case(case: Case) -> Case:
     return case
   finally:
     case.seconds = time.monotonic() - start
+
+
+def _damage_one_chunk(items: str) -> None:
+  """Flips one bit inside the first stored chunk of the MLP's output kernel, as a disk or bucket might."""
+  import tensorstore as ts  # pylint: disable=g-import-not-at-top
+
+  store = ts.KvStore.open({"driver": "ocdbt", "base": f"file://{items}/"}).result()
+  key = next(k for k in store.list().result() if b".mlp.wo.kernel/c/" in k)
+  stored = bytearray(store.read(key).result().value)
+  stored[len(stored) // 4] ^= 0x10  # In the chunks' bytes; the shard index is at the end.
+  store.write(key, bytes(stored)).result()
 
 
 def _maxtext_lora_export(case: Case, out_dir: str, overrides_path: str, logits_path: str, log: str) -> int:
@@ -368,8 +396,10 @@ def main(argv: list[str]) -> int:
     print(f"0 passed, {len(runnable) * len(scans)} failed")
     return 1
 
+  global _scratch
   work = FLAGS.work_dir or tempfile.mkdtemp(prefix="hf2maxtext_interop_")
-  os.makedirs(work, exist_ok=True)
+  _scratch = os.path.join(work, "tmp")
+  os.makedirs(_scratch, exist_ok=True)
   print(f"work dir {work}; MaxText python {FLAGS.maxtext_python}; {FLAGS.jobs} job(s)", flush=True)
 
   cases: list[Case] = []
@@ -385,6 +415,7 @@ def main(argv: list[str]) -> int:
           f" {label}" for prefix, label in (("--target_mesh", "mesh"), ("--lora_adapter_path", "lora"))
           if any(flag.startswith(prefix) for flag in case.converter_flags))
       model += " lora->peft" if case.lora_export else ""
+      model += " damaged" if case.damaged else ""
       shipped = "" if np.isnan(case.shipped_diff) else f"  (as shipped {case.shipped_diff:.2e}, floor {case.shipped_floor:g})"
       print(f"{model:<20} {case.maxtext_model:<17} {'on' if case.scan else 'off':<4} {diff:>10} {agree:>8}"
             f"  {case.seconds:5.0f}  {'PASS' if case.passed else 'FAIL'}{shipped}", flush=True)
@@ -434,6 +465,8 @@ def main(argv: list[str]) -> int:
         variants.append(("scan_on_target_mesh", dict(converter_flags=(f"--target_mesh={FLAGS.target_mesh}",))))
       if name in FLAGS.multiprocess_families:
         variants.append(("scan_on_2_processes", dict(processes=2)))
+      if name in FLAGS.damaged_families:
+        variants.append(("scan_on_damaged", dict(damaged=True)))
       for variant_dir, variant in variants if True in scans and True in spec.scans else ():
         case = Case(name, tiny_models.TINY_MODELS[name].maxtext_model, True, hf_dir, ids_path, reference,
                     os.path.join(model_dir, variant_dir), **variant)
