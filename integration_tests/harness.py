@@ -25,8 +25,9 @@ def test_platform() -> str:
 
 
 def start_jax() -> None:
-  """Restores go onto the suite's platform (one device is enough); the reference forward pass runs on the host's
-  CPU beside it (tools/forward.py says why)."""
+  """JAX's default backend is the suite's platform: the validator's sharded restores go onto its devices and, on
+  an accelerator, its forward pass runs there too; the reference forward pass runs on the host's CPU beside it
+  (tools/forward.py and tools/validate_lib.py say why)."""
   import jax  # pylint: disable=g-import-not-at-top
 
   platform = test_platform()

@@ -60,7 +60,11 @@ class LoraMergeTest(absltest.TestCase):
     reference = lora_adapters.merged_logits(model, adapter, ids)
     items = harness.converted(model, "--save_dtype=float32", f"--scan_layers={scan}",
                               f"--lora_adapter_path={adapter}", "--simulated_cpu_devices_count=1")
-    ours, _, _ = validate_lib.checkpoint_logits(model, items, ids)
+    checked = validate_lib.checkpoint_logits(model, items, ids)
+    self.assertEqual(checked.device_restore_failures, ())
+    accelerator = validate_lib.accelerator_forward(checked)  # None on the CPU suite.
+    self.assertEqual(accelerator.failures() if accelerator else [], [])
+    ours = checked.logits
     report = validate_lib.compare_logits(ours, reference)
     self.assertLessEqual(report[0], THRESHOLDS.max_abs_diff, report)
     self.assertEqual(report[2], 1.0, report)

@@ -1,14 +1,21 @@
-"""Reads a converted checkpoint back as numpy, through Orbax v0 and v1, on any device count."""
+"""Reads a converted checkpoint back through Orbax v0 and v1, on any device count: as numpy, or as MaxText restores
+it on the hardware (`jax.Array`s sharded over a mesh of a platform's devices)."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
-from typing import Any
+from typing import Any, Sequence
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+
+from converter import chunking
+from converter.output.record import ConversionRecord
+
+PARAMS = ("params", "params")  # Where the tree keeps the leaves the conversion record names.
 
 
 def _items_and_step(items_path: str) -> tuple[str, str]:
@@ -29,6 +36,77 @@ def restore_v1(items_path: str, like: Any) -> dict[str, Any]:
   """Through v1 `load`, with `like`'s structure and every leaf requested as numpy."""
   _, step_path = _items_and_step(items_path)
   abstract = jax.tree.map(lambda _: np.ndarray, like)
+  return ocp.v1.load(step_path, abstract, checkpointable_name=os.path.basename(items_path.rstrip("/")))
+
+
+def restore_mesh(platform: str | None = None) -> jax.sharding.Mesh:
+  """MaxText's mesh over this host's devices of `platform` (default: JAX's default backend), as MaxText builds it
+  by default (ici_fsdp_parallelism=-1): every device on `fsdp`, every other axis of size 1."""
+  devices = jax.local_devices(backend=platform or jax.default_backend())
+  shape = tuple(len(devices) if axis == "fsdp" else 1 for axis in chunking.MESH_AXES)
+  return jax.sharding.Mesh(np.asarray(devices).reshape(shape), chunking.MESH_AXES)
+
+
+def partition_spec(shape: Sequence[int], logical_axes: Sequence[str | None] | None,
+                   mesh: jax.sharding.Mesh) -> jax.sharding.PartitionSpec:
+  """Where MaxText's default rules put a leaf of `shape` whose axes are named `logical_axes` on `mesh`.
+
+  Of the mesh axes a dimension's rule names, only those of size > 1 shard it, and each only while the dimension
+  divides by their product: MaxText would refuse an uneven shard, and a restore that checks the hardware path
+  must still restore every leaf. A leaf without logical axes is replicated.
+  """
+  if logical_axes is None:
+    return jax.sharding.PartitionSpec(*(None,) * len(shape))
+  if len(logical_axes) != len(shape):
+    raise ValueError(f"{len(logical_axes)} logical axes {list(logical_axes)} for a leaf of shape {tuple(shape)}")
+  spec = []
+  for size, axes in zip(shape, chunking.mesh_axes(logical_axes)):
+    kept: list[str] = []
+    for axis in axes:
+      if mesh.shape[axis] > 1 and size % (math.prod(mesh.shape[a] for a in kept) * mesh.shape[axis]) == 0:
+        kept.append(axis)
+    spec.append(None if not kept else kept[0] if len(kept) == 1 else tuple(kept))
+  return jax.sharding.PartitionSpec(*spec)
+
+
+def sharded_abstract_tree(items_path: str, mesh: jax.sharding.Mesh) -> dict[str, Any]:
+  """The checkpoint's tree with every array leaf a `jax.ShapeDtypeStruct` (its stored shape and dtype, sharded on
+  `mesh` by the logical axes the conversion recorded, see `partition_spec`), every scalar leaf `np.ndarray`.
+
+  A checkpoint without a record (MaxText's own) is replicated everywhere: this restore checks the path from the
+  store to the devices, not MaxText's naming.
+  """
+  items_path, _ = _items_and_step(items_path)
+  recorded = ConversionRecord.read(items_path).logical_axes or {}
+  tree = ocp.PyTreeCheckpointer().metadata(items_path).item_metadata.tree
+
+  def abstract(path: tuple[Any, ...], leaf: Any) -> Any:
+    if isinstance(leaf, ocp.metadata.ScalarMetadata) or not isinstance(leaf, ocp.metadata.ArrayMetadata):
+      return np.ndarray
+    keys = tuple(str(getattr(k, "key", k)) for k in path)
+    name = "/".join(keys[len(PARAMS):]) if keys[: len(PARAMS)] == PARAMS else None
+    spec = partition_spec(leaf.shape, recorded.get(name), mesh)
+    return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=jax.sharding.NamedSharding(mesh, spec))
+
+  return jax.tree_util.tree_map_with_path(abstract, tree)
+
+
+def restore_v0_sharded(items_path: str, abstract: Any) -> dict[str, Any]:
+  """Through v0 `PyTreeCheckpointer` as MaxText restores on the hardware: every array leaf of `abstract`
+  (`sharded_abstract_tree`) as a `jax.Array` with its sharding, shape and dtype; scalars as stored."""
+  items_path, _ = _items_and_step(items_path)
+
+  def restore_args(leaf: Any) -> ocp.RestoreArgs:
+    if isinstance(leaf, jax.ShapeDtypeStruct):
+      return ocp.ArrayRestoreArgs(sharding=leaf.sharding, global_shape=leaf.shape, dtype=leaf.dtype)
+    return ocp.RestoreArgs()
+
+  return ocp.PyTreeCheckpointer().restore(items_path, restore_args=jax.tree.map(restore_args, abstract))
+
+
+def restore_v1_sharded(items_path: str, abstract: Any) -> dict[str, Any]:
+  """Through v1 `load` with `abstract` (`sharded_abstract_tree`): the same leaves as `restore_v0_sharded`."""
+  _, step_path = _items_and_step(items_path)
   return ocp.v1.load(step_path, abstract, checkpointable_name=os.path.basename(items_path.rstrip("/")))
 
 

@@ -403,17 +403,25 @@ def output_logits(params: Mapping[str, Any], x: jax.Array, cfg: MaxTextConfig) -
   return soft_cap(logits, cfg.final_logits_soft_cap)
 
 
-def logits(params: Mapping[str, Any], token_ids: np.ndarray, runtime: Runtime, layout: Layout) -> np.ndarray:
+def logits(params: Mapping[str, Any], token_ids: np.ndarray, runtime: Runtime, layout: Layout, *,
+           platform: str = "cpu") -> np.ndarray:
   """params: the `params/params` subtree of a MaxText checkpoint. Returns float32 [batch, seq, vocab].
 
-  Runs on the host's CPU wherever the checkpoint was restored, so that the logits are the same numbers on every
-  platform: a TPU computes float32 products through bfloat16 by default, and even at full precision its results
+  Computes on `platform`'s devices: leaves already on them (a sharded restore) stay as they are, any other is moved
+  to its first device. The host's CPU by default, wherever the checkpoint was restored, so that the logits held
+  against transformers' are the same numbers on every platform: even at full precision an accelerator's results
   differ from the CPU's in the last digits, which recurrences, Sinkhorn rounds and top-k choices inside the forward
-  grow past any threshold that would still catch a wrong transform (measured: docs/testing.md).
+  grow past any threshold that would still catch a wrong transform (measured: docs/testing.md). Matrix products
+  run at full float32 precision everywhere ("highest"): a TPU's default computes them through bfloat16.
   """
-  cpu = jax.local_devices(backend="cpu")[0]
-  params = jax.device_put(params, cpu)
-  with jax.default_device(cpu):
+  device = jax.local_devices(backend=platform)[0]
+
+  def placed(leaf: Any) -> Any:
+    on_platform = isinstance(leaf, jax.Array) and all(d.platform == device.platform for d in leaf.devices())
+    return leaf if on_platform else jax.device_put(leaf, device)
+
+  params = jax.tree.map(placed, params)
+  with jax.default_device(device), jax.default_matmul_precision("highest"):
     if runtime.decoder.forward:
       module = importlib.import_module(f"tools.forward_{runtime.decoder.forward}")
       return module.logits(params, token_ids, runtime, layout)

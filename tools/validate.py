@@ -2,8 +2,12 @@
 
   bazel run //tools:validate -- --hf_model_path=/models/Qwen3-8B --checkpoint=/ckpt/qwen3-8b/0/items
 
-Restores through Orbax v0 and v1 (they must agree bit for bit), runs a float32 forward pass with MaxText's
-semantics on the MaxText-layout tree, and exits non-zero below the thresholds.
+Restores through Orbax v0 and v1 as numpy (they must agree bit for bit), runs a float32 forward pass with MaxText's
+semantics on the MaxText-layout tree on the host's CPU, and exits non-zero below the thresholds. It also restores
+the checkpoint as MaxText does, through v0 and v1 onto every device of JAX's default backend (sharded on fsdp),
+which must equal the numpy restore bit for bit; on an accelerator host (a TPU VM, a GPU machine) the forward pass
+runs there too, from that restore, and must meet the family's bound against the CPU's (validate_lib.py,
+ACCELERATOR_THRESHOLDS). JAX_PLATFORMS=cpu keeps it on the CPU alone.
 """
 
 from __future__ import annotations
@@ -31,9 +35,6 @@ def _resolve(path: str) -> str:
 
 def main(argv: list[str]) -> None:
   del argv
-  import jax  # pylint: disable=g-import-not-at-top
-
-  jax.config.update("jax_platforms", "cpu")
   from tools import validate_lib  # pylint: disable=g-import-not-at-top
 
   report = validate_lib.validate(
@@ -46,6 +47,13 @@ def main(argv: list[str]) -> None:
   print(f"max|diff|:        {report.max_abs_diff:.3e}")
   print(f"cosine:           {report.cosine:.8f}")
   print(f"argmax agreement: {report.argmax_agreement * 100:.2f}%")
+  restored = "; ".join(report.device_restore_failures) or "v0 and v1 (sharded on fsdp) equal the numpy restore"
+  print(f"{report.platform + ' restore:':<18}{restored}")
+  if report.accelerator is not None:
+    compared, bound = report.accelerator, report.accelerator.thresholds
+    print(f"{report.platform + ' forward:':<18}against the CPU's: max|diff| {compared.max_abs_diff:.3e}"
+          f" (<= {bound.max_abs_diff:.3g}), cosine {compared.cosine:.8f} (>= {bound.min_cosine}),"
+          f" argmax agreement {compared.argmax_agreement * 100:.2f}% (>= {bound.min_argmax_agreement * 100:.0f}%)")
   failures = report.failures(thresholds)
   if failures:
     print("FAILED: " + "; ".join(failures), file=sys.stderr)

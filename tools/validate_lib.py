@@ -1,4 +1,5 @@
-"""Compares a converted checkpoint's logits with the transformers reference on the same token ids."""
+"""Compares a converted checkpoint's logits with the transformers reference on the same token ids, and checks the
+restore onto the default backend's devices (and, on an accelerator, its forward pass) against the CPU's."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import dataclasses
 import tempfile
 from typing import Any
 
+from absl import logging
+import jax
 import numpy as np
 
 from converter import families
@@ -23,25 +26,82 @@ class Thresholds:
   min_cosine: float = 0.99999
   min_argmax_agreement: float = 1.0
 
+  def missed(self, max_abs_diff: float, cosine: float, argmax_agreement: float) -> list[str]:
+    """Each bound these figures miss, as a line of a failure report (empty when all are met)."""
+    failed = []
+    if not max_abs_diff <= self.max_abs_diff:
+      failed.append(f"max|diff| {max_abs_diff:.3g} > {self.max_abs_diff:.3g}")
+    if not cosine >= self.min_cosine:
+      failed.append(f"cosine {cosine:.7f} < {self.min_cosine}")
+    if not argmax_agreement >= self.min_argmax_agreement:
+      failed.append(f"argmax agreement {argmax_agreement:.4f} < {self.min_argmax_agreement}")
+    return failed
+
+
+# The accelerator's forward pass (tools/forward.py at "highest" matmul precision, from the arrays restored onto
+# it) against the CPU's on the same, bit-identical arrays, by family as the conversion records it; a family not
+# named here is held to the float32 bar, `Thresholds()`. Even at full precision an accelerator's exp, tanh, erf
+# and summation order differ from the CPU's in the last digits; these bounds say how far that may carry. Each is
+# about twice the largest difference measured on a TPU v5e over every tiny model of the suites (docs/testing.md,
+# "On a TPU v5e": the TPU suite logs one "accelerator forward" line per validation); where the difference is
+# carried past any useful max|diff| (a recurrence, Sinkhorn rounds), the bound is on the direction and the choices.
+ACCELERATOR_THRESHOLDS: dict[str, Thresholds] = {
+    "gemma": Thresholds(max_abs_diff=3e-4),  # Measured 1.46e-4.
+    "gemma2": Thresholds(max_abs_diff=6e-4),  # 3.05e-4 (soft caps: tanh).
+    "gemma3": Thresholds(max_abs_diff=1.1e-3),  # 5.33e-4 (with its SigLIP tower).
+    "gemma4": Thresholds(max_abs_diff=2e-3),  # 9.81e-4.
+    "gemma4_small": Thresholds(max_abs_diff=4e-4),  # 2.02e-4.
+    "llama": Thresholds(max_abs_diff=1.5e-4),  # 6.66e-5 (an rsLoRA-merged Llama 3.1).
+    "qwen3": Thresholds(max_abs_diff=3e-4),  # 1.40e-4 (a LoRA-merged Qwen3); 2.9e-5 unmerged.
+    "qwen3_5": Thresholds(max_abs_diff=1e-3),  # 5.09e-4.
+    # Gated-delta recurrence: max|diff| 0.167, cosine 0.99995, argmax 100% (4 cases).
+    "qwen3_next": Thresholds(max_abs_diff=0.35, min_cosine=0.9999, min_argmax_agreement=0.98),
+    # Sinkhorn rounds and top-k choices: max|diff| 1.06 with FP8 experts, cosine 0.99981, argmax 100% (12 cases).
+    "deepseek4": Thresholds(max_abs_diff=2.0, min_cosine=0.9996, min_argmax_agreement=0.98),
+}
+
+
+def accelerator_thresholds(family: str | None) -> Thresholds:
+  """The bound of `family`'s accelerator forward against the CPU's (`ACCELERATOR_THRESHOLDS`)."""
+  return ACCELERATOR_THRESHOLDS.get(family or "", Thresholds())
+
+
+@dataclasses.dataclass(frozen=True)
+class AcceleratorForward:
+  """The forward pass on the accelerator, from the arrays restored onto it, against the CPU's forward pass from
+  the same (bit-identical) arrays."""
+
+  platform: str
+  max_abs_diff: float
+  cosine: float
+  argmax_agreement: float
+  thresholds: Thresholds
+
+  def failures(self) -> list[str]:
+    return [f"{self.platform} forward against the CPU's: {line}"
+            for line in self.thresholds.missed(self.max_abs_diff, self.cosine, self.argmax_agreement)]
+
 
 @dataclasses.dataclass(frozen=True)
 class Report:
+  """The CPU forward against transformers (max_abs_diff, cosine, argmax_agreement: what `failures` holds to the
+  given thresholds), the restores, and on an accelerator its forward against the CPU's (to its own thresholds)."""
+
   max_abs_diff: float
   cosine: float
   argmax_agreement: float
   v0_v1_identical: bool
   leaves: int
+  platform: str  # JAX's default backend, which the sharded restores went onto.
+  device_restore_failures: tuple[str, ...]  # What the restores onto `platform` got wrong (`device_restore_check`).
+  accelerator: AcceleratorForward | None  # None on the CPU, where the CPU forward is the only one.
 
   def failures(self, thresholds: Thresholds) -> list[str]:
-    failed = []
-    if not self.v0_v1_identical:
-      failed.append("v0 and v1 restores differ")
-    if not self.max_abs_diff <= thresholds.max_abs_diff:
-      failed.append(f"max|diff| {self.max_abs_diff:.3g} > {thresholds.max_abs_diff:.3g}")
-    if not self.cosine >= thresholds.min_cosine:
-      failed.append(f"cosine {self.cosine:.7f} < {thresholds.min_cosine}")
-    if not self.argmax_agreement >= thresholds.min_argmax_agreement:
-      failed.append(f"argmax agreement {self.argmax_agreement:.4f} < {thresholds.min_argmax_agreement}")
+    failed = [] if self.v0_v1_identical else ["v0 and v1 restores differ"]
+    failed.extend(self.device_restore_failures)
+    failed.extend(thresholds.missed(self.max_abs_diff, self.cosine, self.argmax_agreement))
+    if self.accelerator is not None:
+      failed.extend(self.accelerator.failures())
     return failed
 
 
@@ -125,14 +185,90 @@ def dequantize_fp8_leaves(node: Any) -> Any:
   return out
 
 
-def checkpoint_logits(hf_model_path: str, items_path: str, ids: np.ndarray) -> tuple[np.ndarray, Any, bool]:
-  """Our forward on the checkpoint restored through v0; also whether the v1 restore is bit-identical."""
+def _first(keys: list[str], shown: int = 3) -> str:
+  return ", ".join(keys[:shown]) + (f" and {len(keys) - shown} more" if len(keys) > shown else "")
+
+
+def device_restore_check(api: str, restored: Any, abstract: Any, expected: Any, platform: str) -> list[str]:
+  """What a restore onto `platform`'s devices (`checkpoint_io.restore_v0_sharded` / `restore_v1_sharded`) got
+  wrong: array leaves that are not `jax.Array`s, not on `platform` alone, or not sharded as `abstract` asked;
+  and any leaf whose bytes differ from `expected`, the numpy restore. Empty when it is right."""
+  got = {jax.tree_util.keystr(path): leaf for path, leaf in jax.tree_util.tree_flatten_with_path(restored)[0]}
+  not_arrays, elsewhere, misplaced = [], {}, []
+  for path, want in jax.tree_util.tree_flatten_with_path(abstract)[0]:
+    if not isinstance(want, jax.ShapeDtypeStruct):
+      continue
+    key = jax.tree_util.keystr(path)
+    leaf = got.get(key)
+    if not isinstance(leaf, jax.Array):
+      not_arrays.append(key)
+      continue
+    platforms = ", ".join(sorted({d.platform for d in leaf.devices()}))
+    if platforms != platform:
+      elsewhere.setdefault(platforms, []).append(key)
+    elif leaf.sharding != want.sharding:
+      misplaced.append(f"{key} ({getattr(leaf.sharding, 'spec', leaf.sharding)}, not {want.sharding.spec})")
+  failed = []
+  if not_arrays:
+    failed.append(f"{api} restore onto the {platform}: not a jax.Array: {_first(not_arrays)}")
+  for platforms, keys in elsewhere.items():
+    failed.append(f"{api} restore onto the {platform}: on {platforms}, not {platform}: {_first(keys)}")
+  if misplaced:
+    failed.append(f"{api} restore onto the {platform}: sharded otherwise than asked: {_first(misplaced)}")
+  diffs = checkpoint_io.trees_bit_identical(expected, restored)
+  if diffs:
+    failed.append(f"{api} restore onto the {platform} differs from the CPU restore: {_first(diffs)}")
+  return failed
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointLogits:
+  """What `checkpoint_logits` computed and checked."""
+
+  logits: np.ndarray  # The CPU forward's, from the numpy v0 restore.
+  tree: Any  # The numpy v0 restore.
+  v0_v1_identical: bool
+  family: str | None  # As the conversion recorded it.
+  platform: str  # JAX's default backend, which the sharded restores went onto.
+  device_restore_failures: tuple[str, ...]
+  accelerator_logits: np.ndarray | None  # The forward on `platform` from its v0 restore; None on the CPU.
+
+
+def checkpoint_logits(hf_model_path: str, items_path: str, ids: np.ndarray) -> CheckpointLogits:
+  """Our forward on the host's CPU from the checkpoint restored as numpy through v0, and whether the v1 restore is
+  bit-identical. Also restores it as MaxText does on the hardware, through v0 and v1 onto every device of JAX's
+  default backend (sharded on fsdp: `checkpoint_io.sharded_abstract_tree`), and checks both against the numpy
+  restore (`device_restore_check`): on the CPU suite that is the CPU, so CI runs the same path. On an accelerator
+  the forward runs again there, from its own restore. One restored tree besides the numpy one is alive at a time."""
   tree = checkpoint_io.restore_v0(items_path)
-  v1_tree = checkpoint_io.restore_v1(items_path, tree)
-  identical = not checkpoint_io.trees_bit_identical(tree, v1_tree)
+  identical = not checkpoint_io.trees_bit_identical(tree, checkpoint_io.restore_v1(items_path, tree))
   runtime, layout = recorded_runtime(hf_model_path, items_path, tree)
-  params = dequantize_fp8_leaves(tree["params"]["params"])
-  return forward.logits(params, ids, runtime, layout), tree, identical
+  ours = forward.logits(dequantize_fp8_leaves(tree["params"]["params"]), ids, runtime, layout)
+
+  platform = jax.default_backend()
+  abstract = checkpoint_io.sharded_abstract_tree(items_path, checkpoint_io.restore_mesh(platform))
+  failed = device_restore_check("v1", checkpoint_io.restore_v1_sharded(items_path, abstract), abstract, tree,
+                                platform)
+  on_device = checkpoint_io.restore_v0_sharded(items_path, abstract)
+  failed += device_restore_check("v0", on_device, abstract, tree, platform)
+  accelerator = None
+  if platform != "cpu":
+    accelerator = forward.logits(dequantize_fp8_leaves(on_device["params"]["params"]), ids, runtime, layout,
+                                 platform=platform)
+  return CheckpointLogits(ours, tree, identical, ConversionRecord.read(items_path).family, platform, tuple(failed),
+                          accelerator)
+
+
+def accelerator_forward(checked: CheckpointLogits) -> AcceleratorForward | None:
+  """The accelerator's logits against the CPU's, held to the family's `ACCELERATOR_THRESHOLDS`; None on the CPU.
+  Logs one line, so that an accelerator run's log holds every figure that table is tuned from."""
+  if checked.accelerator_logits is None:
+    return None
+  compared = AcceleratorForward(checked.platform, *compare_logits(checked.accelerator_logits, checked.logits),
+                                accelerator_thresholds(checked.family))
+  logging.info("accelerator forward: family %s, %s against the CPU: max|diff| %.3e, cosine %.9f, argmax %.4f",
+               checked.family, compared.platform, compared.max_abs_diff, compared.cosine, compared.argmax_agreement)
+  return compared
 
 
 def validate(
@@ -147,9 +283,9 @@ def validate(
   """`reference` may be passed in when several checkpoints of one model are validated against it."""
   config = load_model_config(hf_model_path)
   ids = token_ids(config.vocab_size, batch, seq_len, seed)
-  ours, tree, identical = checkpoint_logits(hf_model_path, items_path, ids)
+  checked = checkpoint_logits(hf_model_path, items_path, ids)
   if reference is None:
-    saved_dtype = ConversionRecord.read(items_path).save_dtype or "float32"
-    reference = reference_logits(hf_model_path, ids, saved_dtype)
-  diff, cosine, agreement = compare_logits(ours, reference)
-  return Report(diff, cosine, agreement, identical, len(checkpoint_io.flatten(tree)))
+    reference = reference_logits(hf_model_path, ids, ConversionRecord.read(items_path).save_dtype or "float32")
+  diff, cosine, agreement = compare_logits(checked.logits, reference)
+  return Report(diff, cosine, agreement, checked.v0_v1_identical, len(checkpoint_io.flatten(checked.tree)),
+                checked.platform, checked.device_restore_failures, accelerator_forward(checked))
