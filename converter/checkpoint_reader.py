@@ -184,15 +184,19 @@ class CheckpointReader:
       return self.chunk_shape(array.fp8[0])
     return self._chunk_shapes[array.path]
 
-  def chunk_codecs(self, array: StoredArray) -> tuple[str, ...]:
-    """The codecs each stored chunk of `array` passes through, bytes first (inside zarr3's `sharding_indexed`):
-    ("bytes", "zstd", "crc32c") for a compressed chunk this converter checksummed. Empty for zarr v2."""
+  def chunk_checksum(self, array: StoredArray) -> str | None:
+    """What checks each stored chunk of `array` when it is read: "zstd" (its frames' content checksum) or
+    "crc32c" (a codec in the chunk's chain), as this converter writes them; None where nothing does (older
+    checkpoints, MaxText's own, zarr v2)."""
     if array.fp8 is not None:
-      return self.chunk_codecs(array.fp8[0])
+      return self.chunk_checksum(array.fp8[0])
     codecs = self._open_store(array, self._probe_context).spec().to_json().get("metadata", {}).get("codecs", [])
     if codecs and codecs[0]["name"] == "sharding_indexed":
       codecs = codecs[0]["configuration"]["codecs"]
-    return tuple(codec["name"] for codec in codecs)
+    for codec in codecs:
+      if codec["name"] == "crc32c" or (codec["name"] == "zstd" and codec.get("configuration", {}).get("checksum")):
+        return codec["name"]
+    return None
 
   def first_chunk(self, array: StoredArray, index: Index) -> tuple[int, ...]:
     """Grid coordinates of the first stored chunk `array[index]` touches (ints and step-1 slices)."""

@@ -39,4 +39,4 @@ def unchecksummed_leaves(items_path: str) -> list[str]:
   them, by another writer, or with --nochunk_checksums): a damaged byte there restores as a wrong value."""
   reader = CheckpointReader(items_path)
   return ["/".join(key[len(PARAMS):] if key[: len(PARAMS)] == PARAMS else key)
-          for key, array in sorted(reader.arrays.items()) if reader.chunk_codecs(array)[-1:] != ("crc32c",)]
+          for key, array in sorted(reader.arrays.items()) if reader.chunk_checksum(array) is None]

@@ -90,8 +90,8 @@ flags.DEFINE_boolean("keep_fp8", False, "FP8 checkpoints: keep the FP8 kernels a
                      " MaxText's fp8 models hold them (e.g. qwen3.5-35b-a3b-fp8); half the bytes. Default: dequantize.")
 flags.DEFINE_enum("compression", "zstd", ["zstd", "none"], "Stored arrays' codec: zstd (Orbax's default, level 3)"
                   " or none (larger, and no compressor in the way: for local scratch). MaxText reads both.")
-flags.DEFINE_boolean("chunk_checksums", True, "A crc32c on every stored chunk, which every restore (Orbax, MaxText)"
-                     " verifies: a damaged byte fails the restore instead of loading a wrong weight. false writes"
+flags.DEFINE_boolean("chunk_checksums", True, "A checksum on every stored chunk (zstd's own, or a crc32c when"
+                     " uncompressed), which every restore (Orbax, MaxText) verifies: a damaged byte fails the restore instead of loading a wrong weight. false writes"
                      " chunks without one, as versions before 2026-12 did (for comparisons).")
 flags.DEFINE_integer("storage_retries", 10, "Buckets: retries of one failed request (backing off 1 s, 2 s, ... up to"
                      " 32 s) before the conversion fails; 10 rides out about three minutes of outage.", lower_bound=0)

@@ -53,27 +53,36 @@ def leaf_handler_registry_of(pytree_handler) -> "StandardLeafHandlerRegistry":
   return pytree_handler._leaf_handler_registry  # pylint: disable=protected-access
 
 
-CHUNK_CHECKSUM_CODEC = {"name": "crc32c"}
+CRC32C_CODEC = {"name": "crc32c"}
 _stock_zarr3_metadata = _ts_utils._build_zarr3_metadata  # pylint: disable=protected-access
 _chunk_checksums = True
 
 
+def _checksummed(codecs: list[dict]) -> list[dict]:
+  """A chunk codec chain whose every chunk is checked on read: zstd writing its content checksum (an XXH64 of the
+  chunk's bytes in each frame), or, with no compressor, a crc32c codec closing the chain."""
+  if any(codec.get("name") == "zstd" for codec in codecs):
+    return [{**codec, "configuration": {**codec.get("configuration", {}), "checksum": True}}
+            if codec.get("name") == "zstd" else codec for codec in codecs]
+  return codecs if codecs[-1:] == [CRC32C_CODEC] else [*codecs, CRC32C_CODEC]
+
+
 def with_chunk_checksums(metadata: dict) -> dict:
-  """zarr3 array `metadata` with a crc32c codec closing each stored chunk's codec chain (inside the
-  `sharding_indexed` codec where there is one, after the compressor: it checks the bytes as stored).
+  """zarr3 array `metadata` whose stored chunks each carry a checksum (`_checksummed`, inside the
+  `sharding_indexed` codec where there is one).
 
   Orbax 0.12.8 checksums only the shard index; the chunks themselves are plain zstd frames or raw bytes, so a
-  damaged byte mostly restores as a wrong value without an error. tensorstore verifies the crc32c on every read
-  (any reader of the zarr3 spec, stock Orbax and MaxText included) and refuses a mismatch. It is a property of the
-  codec chain, not of the chunk grid: every chunk of every grid carries one."""
+  damaged byte mostly restores as a wrong value without an error. tensorstore verifies either checksum on every
+  read (any reader of the zarr3 spec, stock Orbax and MaxText included) and refuses a mismatch. zstd's own costs
+  a third of what a crc32c codec after it does (docs/troubleshooting.md). It is a property of the codec chain, not
+  of the chunk grid: every chunk of every grid carries one."""
   codecs = metadata.get("codecs") or []
   if codecs and codecs[0].get("name") == "sharding_indexed":
-    inner = codecs[0]["configuration"]["codecs"]
-    if inner[-1:] != [CHUNK_CHECKSUM_CODEC]:
-      codecs = [{**codecs[0], "configuration": {**codecs[0]["configuration"],
-                                                 "codecs": [*inner, CHUNK_CHECKSUM_CODEC]}}, *codecs[1:]]
-  elif codecs[-1:] != [CHUNK_CHECKSUM_CODEC]:
-    codecs = [*codecs, CHUNK_CHECKSUM_CODEC]
+    configuration = codecs[0]["configuration"]
+    codecs = [{**codecs[0], "configuration": {**configuration, "codecs": _checksummed(configuration["codecs"])}},
+              *codecs[1:]]
+  else:
+    codecs = _checksummed(codecs)
   return {**metadata, "codecs": codecs}
 
 

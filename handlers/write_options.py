@@ -39,9 +39,9 @@ class WriteOptions:
   # zstd (Orbax's default for zarr3, level 3), or no compression: larger files, no compressor on the critical
   # path (Orbax's own ArrayOptions.Saving.use_compression; every reader, MaxText's included, reads both).
   compression: bool = True
-  # A crc32c at the end of every stored chunk's codec chain, which tensorstore checks on every read (Orbax v0 and
-  # v1, MaxText's loader): a damaged byte fails the restore instead of restoring wrong values. Off only to write
-  # what earlier versions wrote (comparisons).
+  # A checksum on every stored chunk (zstd's content checksum, or a crc32c codec when uncompressed), which
+  # tensorstore checks on every read (Orbax v0 and v1, MaxText's loader): a damaged byte fails the restore instead
+  # of restoring wrong values. Off only to write what earlier versions wrote (comparisons).
   checksums: bool = True
   # The save's first blocks, read while the save was being set up (handlers/early_reads.py): taken, not re-read.
   early_reads: EarlyReads | None = None

@@ -38,7 +38,7 @@ def main(argv: list[str]) -> None:
     print(f"checksums: none on {len(unchecksummed)} of {len(leaves)} leaves (e.g. {unchecksummed[0]}): a damaged"
           " stored byte there restores as a wrong value")
   else:
-    print("checksums: a crc32c on every stored chunk, verified by every restore")
+    print("checksums: on every stored chunk, verified by every restore")
   for text in FLAGS.mesh:
     mesh = chunking.parse_mesh(text)
     dedup, worst = chunking.predicted_amplification(list(leaves.values()), mesh, FLAGS.devices_per_host)
