@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-from typing import Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 from converter.arrays import Shape
 from converter.errors import ConversionError
@@ -167,25 +167,17 @@ def _shard_index(coordinates: Mapping[str, int], sizes: Mapping[str, int], axes:
   return index, count
 
 
-def read_bytes(shape: Shape, chunk: Shape, itemsize: int, logical_axes: Sequence[str | None],
-               mesh: Sequence[tuple[str, int]], devices_per_host: int = DEVICES_PER_HOST) -> tuple[int, int]:
-  """(dedup, worst): the bytes all hosts read when a leaf stored in `chunk`s is restored on `mesh` (hosts of
-  `devices_per_host` consecutive devices). Orbax reads each distinct shard index of a host once and decodes every
-  chunk it touches whole; reads of one host share a chunk only while in flight together, so the truth lies
-  between each host reading every chunk it touches once (dedup) and once per distinct index (worst)."""
+def _host_boxes(shape: Shape, chunk: Shape, logical_axes: Sequence[str | None], mesh: Sequence[tuple[str, int]],
+                devices_per_host: int) -> Iterator[dict[tuple[int, ...], tuple[range, ...]]]:
+  """For each host (of `devices_per_host` consecutive devices), its devices' distinct shard indices of a leaf and
+  the box of chunk-grid ranges each one touches."""
   sizes = dict(mesh)
   names = [axis for axis, _ in mesh]
   devices = math.prod(sizes.values())
   mapped = mesh_axes(logical_axes)
   grid = [math.ceil(n / c) for n, c in zip(shape, chunk)]
-
-  def nbytes(box: tuple[range, ...]) -> int:
-    """The bytes of the chunks in a box of chunk ranges (the last chunk on an axis may be short)."""
-    return math.prod(max(0, min(r.stop * c, n) - r.start * c) for r, c, n in zip(box, chunk, shape)) * itemsize
-
-  dedup, worst = 0, 0
   for host_start in range(0, devices, devices_per_host):
-    indices: dict[tuple[int, ...], tuple[range, ...]] = {}  # A host's distinct shard indices, their chunks.
+    indices: dict[tuple[int, ...], tuple[range, ...]] = {}
     for device in range(host_start, min(devices, host_start + devices_per_host)):
       coordinates = dict(zip(names, _unravel(device, [sizes[a] for a in names])))
       index, ranges = [], []
@@ -199,15 +191,46 @@ def read_bytes(shape: Shape, chunk: Shape, itemsize: int, logical_axes: Sequence
         index.append(position)
         ranges.append(range((position * extent) // c, min(g, ((position + 1) * extent - 1) // c + 1)))
       indices[tuple(index)] = tuple(ranges)
-    boxes = list(set(indices.values()))
+    yield indices
+
+
+def _union(boxes: Sequence[tuple[range, ...]], measure: Callable[[tuple[range, ...]], int]) -> int:
+  """`measure` of the union of a host's boxes, by inclusion-exclusion (a host has a few distinct indices):
+  enumerating the chunks instead took seconds per expert leaf of a full-size DeepSeek at fsdp=256."""
+  total = 0
+  for k in range(1, len(boxes) + 1):
+    for subset in itertools.combinations(boxes, k):
+      common = tuple(range(max(r.start for r in axis), min(r.stop for r in axis)) for axis in zip(*subset))
+      total += (-1) ** (k + 1) * measure(common)
+  return total
+
+
+def read_bytes(shape: Shape, chunk: Shape, itemsize: int, logical_axes: Sequence[str | None],
+               mesh: Sequence[tuple[str, int]], devices_per_host: int = DEVICES_PER_HOST) -> tuple[int, int]:
+  """(dedup, worst): the bytes all hosts read when a leaf stored in `chunk`s is restored on `mesh` (hosts of
+  `devices_per_host` consecutive devices). Orbax reads each distinct shard index of a host once and decodes every
+  chunk it touches whole; reads of one host share a chunk only while in flight together, so the truth lies
+  between each host reading every chunk it touches once (dedup) and once per distinct index (worst)."""
+
+  def nbytes(box: tuple[range, ...]) -> int:
+    """The bytes of the chunks in a box of chunk ranges (the last chunk on an axis may be short)."""
+    return math.prod(max(0, min(r.stop * c, n) - r.start * c) for r, c, n in zip(box, chunk, shape)) * itemsize
+
+  dedup, worst = 0, 0
+  for indices in _host_boxes(shape, chunk, logical_axes, mesh, devices_per_host):
     worst += sum(nbytes(box) for box in indices.values())
-    # The union of the host's boxes, by inclusion-exclusion (a host has a few distinct indices): enumerating the
-    # chunks instead took seconds per expert leaf of a full-size DeepSeek at fsdp=256.
-    for k in range(1, len(boxes) + 1):
-      for subset in itertools.combinations(boxes, k):
-        common = tuple(range(max(r.start for r in axis), min(r.stop for r in axis)) for axis in zip(*subset))
-        dedup += (-1) ** (k + 1) * nbytes(common)
+    dedup += _union(list(set(indices.values())), nbytes)
   return dedup, worst
+
+
+def read_requests(shape: Shape, chunk: Shape, logical_axes: Sequence[str | None], mesh: Sequence[tuple[str, int]],
+                  devices_per_host: int = DEVICES_PER_HOST) -> list[int]:
+  """Each host's reads of a leaf stored in `chunk`s, restored on `mesh`: one ranged read per stored chunk its
+  devices' shards touch (tensorstore does not merge the reads of adjacent chunks of one restore, measured in
+  target-mesh-notes.md). On a bucket each is a request with its own latency and price."""
+  count = lambda box: math.prod(len(r) for r in box)
+  return [_union(list(set(indices.values())), count)
+          for indices in _host_boxes(shape, chunk, logical_axes, mesh, devices_per_host)]
 
 
 def _unravel(index: int, sizes: list[int]) -> list[int]:
@@ -239,18 +262,53 @@ def predicted_amplification(leaves: Sequence[StoredLeaf], mesh: Sequence[tuple[s
   return dedup / max(1, stored), worst / max(1, stored)
 
 
+def predicted_requests(leaves: Sequence[StoredLeaf], mesh: Sequence[tuple[str, int]],
+                       devices_per_host: int = DEVICES_PER_HOST) -> int:
+  """The read calls of the busiest host restoring `leaves` on `mesh` (see `read_requests`)."""
+  per_host: list[int] = []
+  for leaf in leaves:
+    reads = read_requests(leaf.shape, leaf.chunk, leaf.logical_axes, mesh, devices_per_host)
+    per_host = [a + b for a, b in itertools.zip_longest(per_host, reads, fillvalue=0)]
+  return max(per_host, default=0)
+
+
+def pre_sharded(leaves: Sequence[StoredLeaf], mesh: Sequence[tuple[str, int]]) -> list[StoredLeaf]:
+  """`leaves` as a checkpoint pre-sharded for `mesh` stores them: one chunk per device shard, every layer and
+  expert of the shard in it (as Orbax stores a jax.Array saved from that mesh)."""
+  sizes = dict(mesh)
+
+  def shard(leaf: StoredLeaf) -> Shape:
+    parts = [math.prod(sizes.get(a, 1) for a in axes) for axes in mesh_axes(leaf.logical_axes)]
+    return tuple(n // p if n % p == 0 else n for n, p in zip(leaf.shape, parts))
+
+  return [dataclasses.replace(leaf, chunk=shard(leaf)) for leaf in leaves]
+
+
 def ideal_amplification(leaves: Sequence[StoredLeaf], mesh: Sequence[tuple[str, int]],
                         devices_per_host: int = DEVICES_PER_HOST) -> float:
   """What a checkpoint pre-sharded for `mesh` reads: every host exactly its devices' shards, so above 1x only by
   the leaves the mesh replicates across hosts (norms on a tensor-parallel mesh)."""
-  rule = ChunkRule(target_mesh=tuple(mesh))
-  sharded = [dataclasses.replace(leaf, chunk=rule.chunk_shape(leaf.shape, leaf.logical_axes, leaf.itemsize))
-             for leaf in leaves]
-  return predicted_amplification(sharded, mesh, devices_per_host)[0]
+  return predicted_amplification(pre_sharded(leaves, mesh), mesh, devices_per_host)[0]
 
 
 def describe_mesh(mesh: Sequence[tuple[str, int]]) -> str:
   return ",".join(f"{axis}={size}" for axis, size in mesh)
+
+
+def restore_lines(leaves: Sequence[StoredLeaf], meshes: Iterable[Sequence[tuple[str, int]]],
+                  devices_per_host: int = DEVICES_PER_HOST) -> list[str]:
+  """One line per mesh: what its hosts would read of `leaves` when MaxText restores them, in bytes and in read
+  calls (the busiest host's), beside a checkpoint pre-sharded for that mesh."""
+  lines = []
+  for mesh in meshes:
+    dedup, worst = predicted_amplification(leaves, mesh, devices_per_host)
+    sharded = pre_sharded(leaves, mesh)
+    ideal = predicted_amplification(sharded, mesh, devices_per_host)[0]
+    requests, ideal_requests = (predicted_requests(kind, mesh, devices_per_host) for kind in (leaves, sharded))
+    lines.append(f"restore on {describe_mesh(mesh):28} reads {dedup:.2f}x the stored bytes (at worst {worst:.2f}x;"
+                 f" pre-sharded for it: {ideal:.2f}x) in {requests:,} read calls on the busiest host"
+                 f" ({requests / max(1, ideal_requests):.1f}x the pre-sharded {ideal_requests:,})")
+  return lines
 
 
 # The meshes `--dry_run` predicts restores on when no --target_mesh is given: MaxText's default (all devices on

@@ -90,5 +90,28 @@ class PredictedAmplificationTest(parameterized.TestCase):
       self.assertEqual((round(dedup, 6), round(worst, 6)), (1.0, 1.0), shape)
 
 
+class PredictedRequestsTest(absltest.TestCase):
+  """A host's read calls: one per stored chunk its devices' shards touch (counted, not enumerated)."""
+
+  def test_each_chunk_a_host_touches_is_one_read(self):
+    mesh = chunking.fsdp_mesh(16)  # 4 hosts x 4 devices; wi's embed axis in 16 shards of 128 rows.
+    self.assertEqual(chunking.read_requests(WI[0], (128, 1, 6144), WI[1], mesh), [4 * 16] * 4)  # A layer a chunk.
+    self.assertEqual(chunking.read_requests(WI[0], (128, 16, 6144), WI[1], mesh), [4] * 4)  # Its shards exactly.
+    self.assertEqual(chunking.read_requests(WI[0], (32, 16, 6144), WI[1], mesh), [16] * 4)  # 4 chunks a shard.
+    # Chunks across shards: a host's 4 shards (512 rows) in 2 chunks of 256 rows (the others' are not read).
+    self.assertEqual(chunking.read_requests(WI[0], (256, 16, 6144), WI[1], mesh), [2] * 4)
+    # Unsharded (the vocab dimension does not divide): every host reads every chunk.
+    self.assertEqual(chunking.read_requests((1001, 64), (7, 64), ("norm", None), mesh), [143] * 4)
+
+  def test_the_busiest_host_over_every_leaf_beside_the_pre_sharded_layout(self):
+    mesh = chunking.fsdp_mesh(16)
+    leaves = [chunking.StoredLeaf(WI[0], (128, 1, 6144), BF16, WI[1]),
+              chunking.StoredLeaf(WO[0], (6144, 1, 128), BF16, WO[1])]
+    self.assertEqual(chunking.predicted_requests(leaves, mesh), 2 * 4 * 16)
+    self.assertEqual(chunking.predicted_requests(chunking.pre_sharded(leaves, mesh), mesh), 2 * 4)
+    (line,) = chunking.restore_lines(leaves, [mesh])
+    self.assertIn("in 128 read calls on the busiest host (16.0x the pre-sharded 8)", line)
+
+
 if __name__ == "__main__":
   absltest.main()

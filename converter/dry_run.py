@@ -53,16 +53,6 @@ def stored_leaves(plan: Plan, lazies: list, block_shapes: list) -> list[chunking
   return out
 
 
-def amplification_lines(leaves: list[chunking.StoredLeaf], meshes) -> list[str]:
-  """One line per mesh: what its hosts (of 4 devices) would read of the checkpoint when MaxText restores it."""
-  lines = []
-  for mesh in meshes:
-    dedup, worst = chunking.predicted_amplification(leaves, mesh)
-    lines.append(f"restore on {chunking.describe_mesh(mesh):28} reads {dedup:.2f}x the stored bytes"
-                 f" (at worst {worst:.2f}x; pre-sharded for it: {chunking.ideal_amplification(leaves, mesh):.2f}x)")
-  return lines
-
-
 def _read_formats(plan: Plan) -> collections.Counter[str]:
   """How many of the tensors the leaves read are stored in each format. Not every tensor of the source: those the
   plan skips (DeepSeek's multi-token-prediction layers, rotary caches) are never read, so are not counted. A
@@ -103,7 +93,7 @@ def describe(plan: Plan, *, baseline_bytes: int, max_inflight_bytes: int, shares
   ]
   meshes = (plan.chunking.target_mesh,) if plan.chunking.target_mesh else chunking.DEFAULT_MESHES
   lines.append(f"chunks:            {plan.chunking.record()}")
-  lines += amplification_lines(stored_leaves(plan, lazies, block_shapes), meshes)
+  lines += chunking.restore_lines(stored_leaves(plan, lazies, block_shapes), meshes)
   for index, nbytes in enumerate(shares or []) if shares and len(shares) > 1 else ():
     lines.append(f"process {index} writes: {nbytes:,} bytes ({nbytes / max(1, plan.total_bytes):.1%})")
   lines += [f"warning: {w}" for w in plan.warnings]

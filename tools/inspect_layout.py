@@ -4,7 +4,8 @@
 
 For each mesh (MaxText's mesh axis names; hosts of --devices_per_host consecutive devices), the bytes all hosts
 read under Orbax's restore (each host decodes every stored chunk its device shards touch, whole) over the bytes
-stored: "dedup" when a host reads each such chunk once, "worst" when once per distinct shard index. Leaves'
+stored: "dedup" when a host reads each such chunk once, "worst" when once per distinct shard index; and the read
+calls of the busiest host (one per stored chunk it touches), beside a checkpoint pre-sharded for that mesh. Leaves'
 logical axes come from the conversion record, or for a checkpoint MaxText wrote, from converter/logical_axes.py.
 It also says whether every stored chunk carries a checksum.
 """
@@ -39,12 +40,9 @@ def main(argv: list[str]) -> None:
           " stored byte there restores as a wrong value")
   else:
     print("checksums: on every stored chunk, verified by every restore")
-  for text in FLAGS.mesh:
-    mesh = chunking.parse_mesh(text)
-    dedup, worst = chunking.predicted_amplification(list(leaves.values()), mesh, FLAGS.devices_per_host)
-    ideal = chunking.ideal_amplification(list(leaves.values()), mesh, FLAGS.devices_per_host)
-    print(f"restore on {chunking.describe_mesh(mesh):28} reads {dedup:.2f}x the stored bytes (at worst {worst:.2f}x;"
-          f" pre-sharded for it: {ideal:.2f}x)")
+  for line in chunking.restore_lines(list(leaves.values()), [chunking.parse_mesh(text) for text in FLAGS.mesh],
+                                     FLAGS.devices_per_host):
+    print(line)
 
 
 if __name__ == "__main__":
