@@ -5,7 +5,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import textwrap
 
 from absl.testing import absltest
@@ -18,7 +17,7 @@ from converter.errors import ConversionError
 class LocalLockTest(absltest.TestCase):
 
   def test_second_holder_is_refused_while_the_first_holds_it(self):
-    out = os.path.join(tempfile.mkdtemp(), "out")
+    out = os.path.join(self.create_tempdir().full_path, "out")
     with output_lock.hold(local.LocalDisk(out)):
       record = json.load(open(output_lock.lock_path(out)))
       self.assertEqual(record["pid"], os.getpid())
@@ -36,19 +35,19 @@ class LocalLockTest(absltest.TestCase):
       pass
 
   def test_a_lock_file_nobody_holds_is_taken(self):
-    out = os.path.join(tempfile.mkdtemp(), "out")
+    out = os.path.join(self.create_tempdir().full_path, "out")
     with open(output_lock.lock_path(out), "w") as f:
       f.write("{not json")
     with output_lock.hold(local.LocalDisk(out)):
       self.assertEqual(json.load(open(output_lock.lock_path(out)))["pid"], os.getpid())
 
   def test_parent_directory_is_created(self):
-    out = os.path.join(tempfile.mkdtemp(), "a", "b", "out")
+    out = os.path.join(self.create_tempdir().full_path, "a", "b", "out")
     with output_lock.hold(local.LocalDisk(out)):
       self.assertTrue(os.path.exists(output_lock.lock_path(out)))
 
   def test_refusal_names_an_unreadable_holder(self):
-    out = os.path.join(tempfile.mkdtemp(), "out")
+    out = os.path.join(self.create_tempdir().full_path, "out")
     lock = local.LocalLock(output_lock.lock_path(out))
     with open(lock.path, "w") as f:
       f.write("garbage")

@@ -42,7 +42,7 @@ class ConversionRecordTest(absltest.TestCase):
     self.assertIsNone(read.hf_config)
 
   def test_missing_metadata_is_an_empty_record(self):
-    self.assertEqual(ConversionRecord.read(os.path.join(tempfile.mkdtemp(), "0", "items")), ConversionRecord())
+    self.assertEqual(ConversionRecord.read(os.path.join(self.create_tempdir().full_path, "0", "items")), ConversionRecord())
 
   def test_unknown_fields_from_a_newer_converter_are_ignored(self):
     read = ConversionRecord.read(_items_with_metadata({"custom_metadata": {KEY: {"family": "qwen3", "new": 1}}}))

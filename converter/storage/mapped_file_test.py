@@ -1,7 +1,6 @@
 """mapped_file: regions copied (and transposed) a piece at a time, the file pages of each piece unmapped after it."""
 
 import os
-import tempfile
 from unittest import mock
 
 import numpy as np
@@ -29,7 +28,7 @@ class MappedFileTest(parameterized.TestCase):
 
   def setUp(self):
     super().setUp()
-    self.path = os.path.join(tempfile.mkdtemp(), "tensor.bin")
+    self.path = os.path.join(self.create_tempdir().full_path, "tensor.bin")
     self.value = np.random.default_rng(0).integers(0, 1 << 16, (3072, 4096), dtype=np.uint16)  # 24 MiB.
     with open(self.path, "wb") as f:
       f.write(bytes(_HEADER))

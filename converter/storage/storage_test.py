@@ -2,7 +2,6 @@
 bucket calls themselves run against a real GCS endpoint in integration_tests/gcs_test.py)."""
 
 import os
-import tempfile
 from unittest import mock
 
 import tensorstore as ts
@@ -43,7 +42,7 @@ class PathsTest(absltest.TestCase):
 class KvstoreSpecTest(absltest.TestCase):
 
   def test_a_local_path_is_a_file_kvstore_tensorstore_reads_the_file_through(self):
-    directory = tempfile.mkdtemp()
+    directory = self.create_tempdir().full_path
     storage.write_text(os.path.join(directory, "f"), "0123")
     spec = storage.kvstore_spec(f"{directory}/./sub/../")
     self.assertEqual(spec, {"driver": "file", "path": directory})
@@ -118,7 +117,7 @@ class ErrorsTest(absltest.TestCase):
 class LocalFilesTest(absltest.TestCase):
 
   def test_byte_ranges_and_text(self):
-    directory = tempfile.mkdtemp()
+    directory = self.create_tempdir().full_path
     path = os.path.join(directory, "f")
     storage.write_text(path, "0123456789")
     self.assertEqual(storage.read_bytes(path, 2, 5), b"234")

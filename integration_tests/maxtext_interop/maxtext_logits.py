@@ -111,6 +111,13 @@ def base_output_directory() -> str:
   return _base_output_directory
 
 
+def jax_cache_dir() -> str:
+  """Where MaxText keeps its JAX compilation cache: a named cache of this project's (XDG's cache directory), not
+  MaxText's default `~/jax_cache`. A cold cache makes the interop check several times slower (docs/testing.md)."""
+  return os.environ.get("HF2MAXTEXT_MAXTEXT_JAX_CACHE") or os.path.join(
+      os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "hf2maxtext", "maxtext_jax_cache")
+
+
 def build_config(model_name: str, overrides: dict, batch: int, seq: int, load_parameters_path: str = ""):
   from maxtext.configs import pyconfig  # pylint: disable=import-outside-toplevel
 
@@ -126,6 +133,7 @@ def build_config(model_name: str, overrides: dict, batch: int, seq: int, load_pa
   kwargs.update(_FIXED)
   kwargs["model_name"] = model_name
   kwargs["base_output_directory"] = base_output_directory()
+  kwargs["jax_cache_dir"] = jax_cache_dir()
   if load_parameters_path:
     kwargs["load_parameters_path"] = os.path.abspath(load_parameters_path)
   base_yml = os.path.join(os.path.dirname(pyconfig.__file__), "base.yml")
