@@ -5,15 +5,12 @@ from __future__ import annotations
 
 from converter import chunking, logical_axes
 from converter.checkpoint_reader import CheckpointReader
-from converter.output.record import ConversionRecord
-
-PARAMS = ("params", "params")
+from converter.output.record import ConversionRecord, leaf_name
 
 
-def _axes_from_path(path: tuple[str, ...], rank: int) -> tuple[str | None, ...] | None:
-  """A checkpoint without a record (MaxText's own): the leaf's axes from its path, a scanned leaf's layer axis
+def _axes_from_name(name: str, rank: int) -> tuple[str | None, ...] | None:
+  """A checkpoint without a record (MaxText's own): the leaf's axes from its name, a scanned leaf's layer axis
   at 1 (MaxText's `param_scan_axis`)."""
-  name = "/".join(path)
   if "/layers/" in f"/{name}/" and (unstacked := logical_axes.per_layer(name, rank - 1)) is not None:
     return logical_axes.stacked(unstacked, 1, ("layers",))
   return logical_axes.per_layer(name, rank)
@@ -26,9 +23,8 @@ def stored_leaves(items_path: str) -> tuple[dict[str, chunking.StoredLeaf], dict
   reader = CheckpointReader(items_path)
   leaves = {}
   for key, array in sorted(reader.arrays.items()):
-    path = key[len(PARAMS):] if key[: len(PARAMS)] == PARAMS else key
-    name = "/".join(path)
-    axes = recorded[name] if name in recorded else _axes_from_path(path, len(array.shape))
+    name = leaf_name(key)
+    axes = recorded[name] if name in recorded else _axes_from_name(name, len(array.shape))
     leaves[name] = chunking.StoredLeaf(array.shape, reader.chunk_shape(array), array.dtype.itemsize,
                                        tuple(axes) if axes is not None else (None,) * len(array.shape))
   return leaves, record.chunking
@@ -38,5 +34,4 @@ def unchecksummed_leaves(items_path: str) -> list[str]:
   """The leaves whose stored chunks carry no checksum a restore verifies (written before this converter added
   them, by another writer, or with --nochunk_checksums): a damaged byte there restores as a wrong value."""
   reader = CheckpointReader(items_path)
-  return ["/".join(key[len(PARAMS):] if key[: len(PARAMS)] == PARAMS else key)
-          for key, array in sorted(reader.arrays.items()) if reader.chunk_checksum(array) is None]
+  return [leaf_name(key) for key, array in sorted(reader.arrays.items()) if reader.chunk_checksum(array) is None]

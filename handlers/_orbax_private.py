@@ -74,7 +74,7 @@ def with_chunk_checksums(metadata: dict) -> dict:
   Orbax 0.12.8 checksums only the shard index; the chunks themselves are plain zstd frames or raw bytes, so a
   damaged byte mostly restores as a wrong value without an error. tensorstore verifies either checksum on every
   read (any reader of the zarr3 spec, stock Orbax and MaxText included) and refuses a mismatch. zstd's own costs
-  a third of what a crc32c codec after it does (docs/troubleshooting.md). It is a property of the codec chain, not
+  less than a crc32c codec after it (measured: docs/troubleshooting.md). It is a property of the codec chain, not
   of the chunk grid: every chunk of every grid carries one."""
   codecs = metadata.get("codecs") or []
   if codecs and codecs[0].get("name") == "sharding_indexed":

@@ -13,9 +13,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from converter import chunking
-from converter.output.record import ConversionRecord
-
-PARAMS = ("params", "params")  # Where the tree keeps the leaves the conversion record names.
+from converter.output.record import ConversionRecord, leaf_name
 
 
 def _items_and_step(items_path: str) -> tuple[str, str]:
@@ -83,8 +81,7 @@ def sharded_abstract_tree(items_path: str, mesh: jax.sharding.Mesh) -> dict[str,
   def abstract(path: tuple[Any, ...], leaf: Any) -> Any:
     if isinstance(leaf, ocp.metadata.ScalarMetadata) or not isinstance(leaf, ocp.metadata.ArrayMetadata):
       return np.ndarray
-    keys = tuple(str(getattr(k, "key", k)) for k in path)
-    name = "/".join(keys[len(PARAMS):]) if keys[: len(PARAMS)] == PARAMS else None
+    name = leaf_name(tuple(str(getattr(k, "key", k)) for k in path))
     spec = partition_spec(leaf.shape, recorded.get(name), mesh)
     return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=jax.sharding.NamedSharding(mesh, spec))
 

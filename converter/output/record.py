@@ -20,6 +20,13 @@ from converter.output import layout
 from converter.sources.lora import LoraMergedSource
 
 KEY = "hf2maxtext"
+PARAMS = ("params", "params")  # Where the checkpoint's tree keeps the leaves the record names.
+
+
+def leaf_name(keys: tuple[str, ...]) -> str:
+  """The name the record gives the leaf at tree keys `keys`: its path below `params/params`, joined by "/" (a leaf
+  elsewhere keeps its whole path, and so matches none the record names)."""
+  return "/".join(keys[len(PARAMS):] if keys[: len(PARAMS)] == PARAMS else keys)
 
 
 @dataclasses.dataclass(frozen=True)
