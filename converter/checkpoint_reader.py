@@ -191,8 +191,9 @@ class CheckpointReader:
     if array.fp8 is not None:
       return self.chunk_checksum(array.fp8[0])
     codecs = self._open_store(array, self._probe_context).spec().to_json().get("metadata", {}).get("codecs", [])
-    if codecs and codecs[0]["name"] == "sharding_indexed":
-      codecs = codecs[0]["configuration"]["codecs"]
+    sharding = [codec for codec in codecs if codec["name"] == "sharding_indexed"]  # After a transpose, if any.
+    if sharding:
+      codecs = sharding[0]["configuration"]["codecs"]
     for codec in codecs:
       if codec["name"] == "crc32c" or (codec["name"] == "zstd" and codec.get("configuration", {}).get("checksum")):
         return codec["name"]

@@ -135,6 +135,20 @@ class ChunkRule:
       chunk[axis] //= _smallest_divisor_above_one(chunk[axis])
     return tuple(chunk)
 
+  def chunk_order(self, logical_axes: Sequence[str | None]) -> tuple[int, ...] | None:
+    """The order a leaf's stored chunks are laid out in (zarr3's `transpose` codec ahead of the sharding codec):
+    the axes a restoring mesh cuts (`fsdp` by default; any of the target mesh's), then the rest, each group in its
+    own order. Within a write block one host's shards are then one run of bytes: a bucket restore, whose reads of
+    one object tensorstore merges across gaps of up to 1 MB (Orbax turns that on for buckets), reads nothing of
+    other hosts' parts between them. None where that is already C order."""
+    if not self.cut:
+      return None
+    cut = set(dict(self.target_mesh)) if self.target_mesh else {"fsdp"}
+    mapped = mesh_axes(logical_axes)
+    first = [a for a, axes in enumerate(mapped) if set(axes) & cut and logical_axes[a] not in STACKED]
+    order = tuple(first + [a for a in range(len(logical_axes)) if a not in first])
+    return None if order == tuple(range(len(order))) else order
+
   def _target_chunk(self, shape: Shape, logical_axes: Sequence[str | None]) -> Shape:
     sizes = dict(self.target_mesh)
     chunk = []
@@ -307,7 +321,8 @@ def restore_lines(leaves: Sequence[StoredLeaf], meshes: Iterable[Sequence[tuple[
     requests, ideal_requests = (predicted_requests(kind, mesh, devices_per_host) for kind in (leaves, sharded))
     lines.append(f"restore on {describe_mesh(mesh):28} reads {dedup:.2f}x the stored bytes (at worst {worst:.2f}x;"
                  f" pre-sharded for it: {ideal:.2f}x) in {requests:,} read calls on the busiest host"
-                 f" ({requests / max(1, ideal_requests):.1f}x the pre-sharded {ideal_requests:,})")
+                 f" ({requests / max(1, ideal_requests):.1f}x the pre-sharded {ideal_requests:,}; a bucket merges a"
+                 " host's adjacent ones)")
   return lines
 
 

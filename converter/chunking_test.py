@@ -54,6 +54,20 @@ class ChunkShapeTest(absltest.TestCase):
     # An odd vocabulary stays whole; its embed axis is cut as far as the floor allows.
     self.assertEqual(rule.chunk_shape((509, 256), ("vocab", "embed"), BF16), (509, 64))
 
+  def test_chunks_are_laid_out_with_the_axes_a_mesh_cuts_outermost(self):
+    rule = chunking.ChunkRule()
+    self.assertIsNone(rule.chunk_order(WI[1]))  # (embed, layers, mlp): already embed-major.
+    self.assertEqual(rule.chunk_order(WO[1]), (2, 0, 1))  # (mlp, layers, embed) -> embed, mlp, layers.
+    self.assertEqual(rule.chunk_order(("heads", "layers", "kv", "embed_attn")), (3, 0, 1, 2))
+    self.assertEqual(rule.chunk_order(("vocab", "embed_vocab")), (1, 0))
+    # (exp, embed_moe, layers, mlp_moe): a block of several experts holds a host's rows of them all in one run.
+    self.assertEqual(rule.chunk_order(MOE_WI[1]), (1, 0, 2, 3))
+    self.assertEqual(rule.chunk_order(("exp", "mlp_moe", "layers", "embed_moe")), (3, 0, 1, 2))
+    self.assertIsNone(rule.chunk_order(("norm", "layers")))
+    self.assertIsNone(chunking.ChunkRule(cut=False).chunk_order(WO[1]))
+    tensor_parallel = chunking.ChunkRule(target_mesh=chunking.parse_mesh("fsdp=4,tensor=4"))
+    self.assertEqual(tensor_parallel.chunk_order(WO[1]), (0, 2, 1))  # mlp (tensor) and embed (fsdp) first.
+
   def test_target_mesh_cuts_each_leaf_into_its_shards(self):
     rule = chunking.ChunkRule(target_mesh=chunking.parse_mesh("fsdp=16,tensor=4"))
     self.assertEqual(rule.chunk_shape(*WI, BF16), (128, 1, 1536))
@@ -110,7 +124,7 @@ class PredictedRequestsTest(absltest.TestCase):
     self.assertEqual(chunking.predicted_requests(leaves, mesh), 2 * 4 * 16)
     self.assertEqual(chunking.predicted_requests(chunking.pre_sharded(leaves, mesh), mesh), 2 * 4)
     (line,) = chunking.restore_lines(leaves, [mesh])
-    self.assertIn("in 128 read calls on the busiest host (16.0x the pre-sharded 8)", line)
+    self.assertIn("in 128 read calls on the busiest host (16.0x the pre-sharded 8;", line)
 
 
 if __name__ == "__main__":

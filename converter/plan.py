@@ -42,6 +42,7 @@ class Leaf:
   # chunks are cut (`chunk_shape`, converter/chunking.py). None: unannotated; whole write blocks.
   logical_axes: tuple[str | None, ...] | None = None
   chunk_shape: Shape | None = None
+  chunk_order: tuple[int, ...] | None = None  # Stored outermost axis first (`ChunkRule.chunk_order`); None: C.
 
   @property
   def name(self) -> str:
@@ -352,7 +353,8 @@ def build_plan(source: TensorSource, model: ResolvedModel, options: PlanOptions)
 
 def _chunked(leaf: Leaf, rule: ChunkRule) -> Leaf:
   axes = leaf.logical_axes or (None,) * len(leaf.shape)
-  return dataclasses.replace(leaf, chunk_shape=rule.chunk_shape(leaf.shape, axes, leaf.dtype.itemsize))
+  return dataclasses.replace(leaf, chunk_shape=rule.chunk_shape(leaf.shape, axes, leaf.dtype.itemsize),
+                             chunk_order=rule.chunk_order(axes))
 
 
 def _native_fp8(source: TensorSource, model: ResolvedModel, leaves: list[Leaf]) -> tuple[Fp8Output, list[Leaf]]:

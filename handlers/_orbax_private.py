@@ -102,14 +102,18 @@ def checksum_chunks(enabled: bool) -> None:
   _ts_utils._build_zarr3_metadata = _zarr3_metadata  # pylint: disable=protected-access
 
 
-def with_inner_chunks(json_spec: dict, inner: tuple[int, ...] | None) -> dict:
+def with_inner_chunks(json_spec: dict, inner: tuple[int, ...] | None, order: tuple[int, ...] | None = None) -> dict:
   """`json_spec` (from `build_array_write_spec`) with its zarr3 `sharding_indexed` inner chunk set to `inner`:
   Orbax 0.12.8 always makes it the whole write shape (its own TODO b/354139177 suggests this split) and has no
-  option for it. Specs without that codec (zarr2) are returned as they are."""
+  option for it. With `order`, a `transpose` codec ahead of the sharding codec lays each write block out with
+  axis `order[0]` outermost (inner chunks in that order, and their elements); every zarr3 reader undoes it. Specs
+  without that codec (zarr2) are returned as they are."""
   codecs = (json_spec.get("metadata") or {}).get("codecs") or []
   if inner is None or not codecs or codecs[0].get("name") != "sharding_indexed":
     return json_spec
-  spec = {**json_spec, "metadata": {**json_spec["metadata"], "codecs": [
-      {**codecs[0], "configuration": {**codecs[0]["configuration"], "chunk_shape": list(inner)}}, *codecs[1:]]}}
-  return spec
+  chunk = [inner[axis] for axis in order] if order else list(inner)
+  codecs = [{**codecs[0], "configuration": {**codecs[0]["configuration"], "chunk_shape": chunk}}, *codecs[1:]]
+  if order:
+    codecs.insert(0, {"name": "transpose", "configuration": {"order": list(order)}})
+  return {**json_spec, "metadata": {**json_spec["metadata"], "codecs": codecs}}
 

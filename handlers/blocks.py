@@ -71,9 +71,10 @@ def _aligned_to_device_shards(lazy: LazyTensor, block: list[int]) -> tuple[int, 
   """Blocks that straddle device shards make the stored grid (their gcd with the shards, see `write_shape`)
   needlessly fine: a 4681-row slab of a 16384-row table sharded 1024 rows a device would be stored one row per
   zarr shard. Along a sharded axis the loader reads partially (its block is not the whole axis), a block is
-  therefore cut to the largest divisor of the device shard that keeps at least a quarter of it."""
+  therefore cut to the largest divisor of the device shard that keeps at least a quarter of it. A leaf with read
+  chunks (`chunk_shape`) keeps its blocks: see `write_shape`."""
   sharding = getattr(lazy, "sharding", None)
-  if sharding is None:
+  if sharding is None or lazy.chunk_shape is not None:
     return tuple(block)
   for axis, (size, shard) in enumerate(zip(lazy.shape, sharding.shard_shape(lazy.shape))):
     b = block[axis]
@@ -94,9 +95,14 @@ def write_shape(lazy: LazyTensor, block: tuple[int, ...]) -> tuple[int, ...]:
   whole device shard in memory (1/16 of a 150 GB leaf is still 9 GB), so each device shard is instead made of
   whole zarr shards no larger than a loader block: readers see the same array, restored per device without
   reading across shard boundaries.
+
+  A leaf with read chunks (`chunk_shape`, cut for the restoring mesh) is not cut at the simulated devices' shards:
+  its readers read chunks, not blocks, and those shards (along the first axis they divide) would make stored
+  blocks of a few hundred KiB along the wrong axis, between which a bucket restore, merging one host's reads of
+  one object up to 1 MB apart, fetches the other hosts' parts too (measured: docs/loading-on-a-pod.md).
   """
   sharding = getattr(lazy, "sharding", None)
-  if sharding is None:
+  if sharding is None or lazy.chunk_shape is not None:
     return block
   shards = sharding.shard_shape(lazy.shape)
   # An unsharded axis keeps the block (its last one may be short); a sharded one is cut at device shards.

@@ -8,6 +8,7 @@ jax.config.update("jax_num_cpu_devices", 16)
 import dataclasses  # pylint: disable=g-import-not-at-top,g-bad-import-order
 
 import numpy as np  # pylint: disable=g-import-not-at-top
+import tensorstore as ts  # pylint: disable=g-import-not-at-top
 from absl.testing import absltest  # pylint: disable=g-import-not-at-top
 
 from handlers import LazyTensor, ShardedLazyTensor  # pylint: disable=g-import-not-at-top
@@ -31,12 +32,12 @@ class RowSlabs:
     return np.zeros(tuple(s.stop - s.start for s in index), np.float32)
 
 
-def _sharded(shape, loader, axis=0):
+def _sharded(shape, loader, axis=0, chunk_shape=None):
   mesh = jax.sharding.Mesh(np.array(jax.devices()), ("devices",))
   spec = [None] * len(shape)
   spec[axis] = "devices"
   return ShardedLazyTensor("t", shape, np.float32, loader,
-                           jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*spec)))
+                           jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*spec)), chunk_shape)
 
 
 class DeviceShardsTest(absltest.TestCase):
@@ -57,6 +58,15 @@ class DeviceShardsTest(absltest.TestCase):
     loader = RowSlabs((448 * 16, 16384), 4681)
     lazy = _sharded((448 * 16, 16384), loader)
     self.assertEqual(write_shape(lazy, (7168, 4681)), (448, 4681))
+
+  def test_read_chunks_not_device_shards_cut_the_stored_grid(self):
+    # A `wo` (mlp, embed) saved over 16 devices on mlp, chunked along embed: cut at the device shards too, each
+    # stored block would be a 1.5 MB sliver, and a bucket restore (which merges one host's reads of one object up
+    # to 1 MB apart) would fetch the other hosts' parts between them.
+    lazy = _sharded((6144, 2048), RowSlabs((6144, 2048), 4096), chunk_shape=(6144, 32))
+    block = write_block_shape(lazy, 16 << 20)
+    self.assertEqual(write_shape(lazy, block), block)
+    self.assertEqual(block, (3072, 2048))  # Whole chunk rows (a divisor of 6144), not 384-row device shards.
 
   def test_unsharded_tensors_are_unchanged(self):
     lazy = LazyTensor("t", (16384, 8), np.float32, RowSlabs((16384, 8), 4681))
@@ -92,6 +102,31 @@ class ReadChunksTest(absltest.TestCase):
     self.assertEqual(spec["metadata"]["codecs"][0]["configuration"]["chunk_shape"], [1024, 2048])  # Not mutated.
     zarr2 = {"driver": "zarr", "metadata": {"chunks": [4, 4]}}
     self.assertIs(_orbax_private.with_inner_chunks(zarr2, (2, 2)), zarr2)
+
+  def test_a_chunk_order_lays_each_block_out_with_that_axis_outermost(self):
+    # A `wo` (mlp, layers, embed) block with embed first: one host's embed rows are one run of the block's bytes.
+    metadata = {"shape": [12, 2, 16], "data_type": "float32",
+                "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [12, 1, 16]}},
+                "chunk_key_encoding": {"name": "default"},
+                "codecs": [{"name": "sharding_indexed", "configuration": {
+                    "chunk_shape": [12, 1, 16], "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}],
+                    "index_codecs": [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}]}}]}
+    spec = _orbax_private.with_inner_chunks({"driver": "zarr3", "kvstore": {"driver": "memory"}, "metadata": metadata},
+                                            (6, 1, 4), (2, 0, 1))
+    store = ts.open(spec, create=True).result()
+    values = np.arange(12 * 2 * 16, dtype=np.float32).reshape(12, 2, 16)
+    store.write(values).result()
+    np.testing.assert_array_equal(store.read().result(), values)
+    self.assertEqual(tuple(store.chunk_layout.read_chunk.shape), (6, 1, 4))
+    self.assertEqual(tuple(store.chunk_layout.inner_order), (2, 0, 1))
+    shards = sorted(key for key in store.kvstore.list().result() if key.startswith(b"c/"))
+    self.assertEqual(shards, [b"c/0/0/0", b"c/0/1/0"])  # One value per layer, as without the order.
+    block = store.kvstore.read(shards[0]).result().value
+    chunk_bytes = 6 * 4 * 4
+    first = np.frombuffer(block[:chunk_bytes], np.float32)
+    np.testing.assert_array_equal(first, values[:6, 0, :4].T.reshape(-1))  # Embed-major inside the chunk too.
+    second = np.frombuffer(block[chunk_bytes:2 * chunk_bytes], np.float32)
+    np.testing.assert_array_equal(second, values[6:, 0, :4].T.reshape(-1))  # Then the next mlp rows, same embed.
 
 
 class BlocksInOrderTest(absltest.TestCase):

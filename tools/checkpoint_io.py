@@ -12,13 +12,14 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from converter import chunking
+from converter import chunking, storage
 from converter.output.record import ConversionRecord, leaf_name
 
 
 def _items_and_step(items_path: str) -> tuple[str, str]:
-  items_path = os.path.abspath(items_path.rstrip("/"))
-  return items_path, os.path.dirname(items_path)
+  """(items, step) of OUT/0/items, local (made absolute) or in a bucket (as given)."""
+  items_path = storage.resolve(items_path.rstrip("/"))
+  return items_path, storage.parent(items_path)
 
 
 def restore_v0(items_path: str) -> dict[str, Any]:
@@ -67,15 +68,17 @@ def partition_spec(shape: Sequence[int], logical_axes: Sequence[str | None] | No
   return jax.sharding.PartitionSpec(*spec)
 
 
-def sharded_abstract_tree(items_path: str, mesh: jax.sharding.Mesh) -> dict[str, Any]:
+def sharded_abstract_tree(items_path: str, mesh: jax.sharding.Mesh,
+                          logical_axes_from: str | None = None) -> dict[str, Any]:
   """The checkpoint's tree with every array leaf a `jax.ShapeDtypeStruct` (its stored shape and dtype, sharded on
   `mesh` by the logical axes the conversion recorded, see `partition_spec`), every scalar leaf `np.ndarray`.
 
-  A checkpoint without a record (MaxText's own) is replicated everywhere: this restore checks the path from the
-  store to the devices, not MaxText's naming.
+  A checkpoint without a record (MaxText's own) is replicated everywhere, unless `logical_axes_from` names a
+  checkpoint of ours with the same leaves whose record to take: this restore checks the path from the store to the
+  devices, not MaxText's naming.
   """
   items_path, _ = _items_and_step(items_path)
-  recorded = ConversionRecord.read(items_path).logical_axes or {}
+  recorded = ConversionRecord.read(logical_axes_from or items_path).logical_axes or {}
   tree = ocp.PyTreeCheckpointer().metadata(items_path).item_metadata.tree
 
   def abstract(path: tuple[Any, ...], leaf: Any) -> Any:
@@ -104,7 +107,7 @@ def restore_v0_sharded(items_path: str, abstract: Any) -> dict[str, Any]:
 def restore_v1_sharded(items_path: str, abstract: Any) -> dict[str, Any]:
   """Through v1 `load` with `abstract` (`sharded_abstract_tree`): the same leaves as `restore_v0_sharded`."""
   _, step_path = _items_and_step(items_path)
-  return ocp.v1.load(step_path, abstract, checkpointable_name=os.path.basename(items_path.rstrip("/")))
+  return ocp.v1.load(step_path, abstract, checkpointable_name=storage.basename(items_path))
 
 
 def custom_metadata(items_path: str) -> dict[str, Any]:

@@ -49,8 +49,11 @@ flags.DEFINE_integer("runs", 3, "Conversions per layout for the wall time and pe
 flags.DEFINE_list("shapes", ["dense", "moe"], "Which synthetic checkpoints.")
 flags.DEFINE_string("work_dir", None, "Where checkpoints go (default: a temporary directory, removed).")
 flags.DEFINE_string("results_page", None, "Write the table to this Markdown page as well.")
+flags.DEFINE_float("bucket_latency_ms", 30.0, "The bucket rows' latency added to every request (negative: no"
+                   " bucket rows).")
 
 RESTORE = os.path.join(ROOT, "integration_tests", "maxtext_interop", "restore_reads.py")
+SHARDED_RESTORE = os.path.join(ROOT, "tools", "sharded_restore.py")
 MAXTEXT_CONVERT = os.path.join(ROOT, "integration_tests", "maxtext_interop", "maxtext_convert.py")
 
 
@@ -154,6 +157,77 @@ def _restore(items: str, model: str, mesh: str, ours: str) -> tuple[int, float]:
   return sum(r["rchar"] for r in results), max(r["seconds"] for r in results)
 
 
+def _sharded_restore(items: str, logical_axes_from: str, env: dict, proxies: list | None = None,
+                     save_to: str | None = None) -> float:
+  """Stock Orbax v1 restoring `items` as MaxText's loader does, in --processes processes (tools/sharded_restore.py),
+  process i's bucket requests through `proxies[i]`; the slowest process's seconds."""
+  from tools.ports import free_port  # pylint: disable=g-import-not-at-top
+
+  address = f"127.0.0.1:{free_port()}"
+  children = []
+  for i in range(FLAGS.processes):
+    child_env = dict(env, PYTHONPATH=ROOT)
+    if proxies:
+      child_env["TENSORSTORE_GCS_HTTP_URL"] = proxies[i].url
+    children.append(subprocess.Popen(
+        [sys.executable, SHARDED_RESTORE, f"--checkpoint={items}", f"--logical_axes_from={logical_axes_from}",
+         f"--process_id={i}", f"--num_processes={FLAGS.processes}", f"--devices_per_process={FLAGS.devices_per_process}",
+         f"--coordinator={address}", *([f"--save_to={save_to}"] if save_to else [])],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env))
+  seconds = []
+  for child in children:
+    out, err = child.communicate(timeout=900)
+    lines = [line for line in out.splitlines() if line.startswith('{"process"')]
+    if child.returncode or not lines:
+      raise RuntimeError(f"restoring {items} failed (exit {child.returncode}):\n{err[-3000:]}")
+    seconds.append(json.loads(lines[-1])["seconds"])
+  return max(seconds)
+
+
+def _saved_items(step: str) -> str:
+  """The one checkpointable directory Orbax saved under `step`."""
+  names = [n for n in os.listdir(step) if os.path.exists(os.path.join(step, n, "_METADATA"))]
+  if len(names) != 1:
+    raise RuntimeError(f"{step}: expected one saved checkpointable, found {names}")
+  return os.path.join(step, names[0])
+
+
+def _bucket_rows(shape: str, layouts: list[tuple[str, str]], ours: str) -> list[str]:
+  """Each layout restored from the GCS emulator by --processes processes, each through its own counting proxy
+  that holds every request --bucket_latency_ms: the busiest process's requests, all bytes the processes fetched
+  over the bytes stored, and the slowest process's seconds, beside the same checkpoint pre-sharded for the mesh
+  (stock Orbax saving what it restored of `ours` from that mesh)."""
+  from tools.gcs_emulator import GcsEmulator  # pylint: disable=g-import-not-at-top
+  from tools.request_proxy import RequestProxy  # pylint: disable=g-import-not-at-top
+
+  work = os.path.dirname(os.path.dirname(ours))
+  pre_sharded = os.path.join(os.path.dirname(work), "pre_sharded", "0")
+  if not os.path.exists(pre_sharded):
+    _sharded_restore(ours, ours, dict(os.environ), save_to=pre_sharded)
+  layouts = [("pre-sharded (Orbax from the mesh)", _saved_items(pre_sharded)), *layouts]
+  rows, reference = [], None
+  with GcsEmulator(root=os.path.join(os.path.dirname(work), "gcs")) as gcs:
+    gcs.create_bucket("restore-bench")
+    for name, items in layouts:
+      step = os.path.dirname(items)
+      prefix = f"{shape}/{os.path.basename(os.path.dirname(step))}"
+      gcs.upload_dir(step, "restore-bench", f"{prefix}/0")
+      bucket_items = f"gs://restore-bench/{prefix}/0/{os.path.basename(items)}"
+      proxies = [RequestProxy(gcs.url, FLAGS.bucket_latency_ms / 1000).start() for _ in range(FLAGS.processes)]
+      try:
+        seconds = _sharded_restore(bucket_items, ours, dict(os.environ, **gcs.env), proxies)
+      finally:
+        for proxy in proxies:
+          proxy.stop()
+      busiest = max(proxy.counts.gets for proxy in proxies)
+      fetched = sum(proxy.counts.get_bytes for proxy in proxies)
+      reference = reference or (busiest, seconds)
+      rows.append(f"| {shape} | {name} | {busiest:,} ({busiest / reference[0]:.1f}x) |"
+                  f" {fetched / _stored_bytes(items):.2f}x | {seconds:.1f} ({seconds / reference[1]:.2f}x) |")
+      print(rows[-1], flush=True)
+  return rows
+
+
 def _predicted(items: str, meshes: list[str]) -> list[str]:
   from converter import chunking, layout_inspection  # pylint: disable=g-import-not-at-top
 
@@ -177,7 +251,7 @@ def main(argv: list[str]) -> None:
       ("write blocks (before)", "write", fsdp, functools.partial(_convert, layout_flags=["--nochunk_layout"])),
       ("MaxText `to_maxtext`", "to_maxtext", fsdp, _convert_maxtext),
   ]
-  rows = []
+  rows, bucket_rows = [], []
   header = (f"| shape | layout | restore mesh ({FLAGS.processes} x {FLAGS.devices_per_process}) | read / stored"
             f" (measured) | predicted | restore s | predicted at fsdp=64 / 256 | stored MB | convert s (median) |"
             f" peak RSS MiB |")
@@ -200,6 +274,9 @@ def main(argv: list[str]) -> None:
              f" {statistics.median(r['peak_mib'] for r in runs):.0f} |")
       rows.append(row)
       print(row, flush=True)
+    if FLAGS.bucket_latency_ms >= 0:
+      bucket_rows += _bucket_rows(shape, [(name, os.path.join(work, shape, directory, "0", "items"))
+                                          for name, directory, _, _ in layouts if directory != "target_mesh"], ours)
   if FLAGS.results_page:
     with open(FLAGS.results_page, "w", encoding="utf-8") as f:
       f.write("# Restore read amplification (tools/restore_benchmark.py)\n\n"
@@ -216,6 +293,19 @@ def main(argv: list[str]) -> None:
               "maxtext_convert.py (local config and a bf16 numpy reader shimmed in, as it runs without torch); its"
               " stored tree is checked equal to our default layout's.\n\n")
       f.write(header + "\n|" + "---|" * 10 + "\n" + "\n".join(rows) + "\n")
+      if bucket_rows:
+        f.write(f"\n## From a bucket, {FLAGS.bucket_latency_ms:.0f} ms per request\n\n"
+                "The same checkpoints in the GCS emulator (fake-gcs-server on 127.0.0.1), restored on"
+                f" fsdp={devices} by stock Orbax v1 `load` as MaxText's loader calls it (tools/sharded_restore.py:"
+                " every leaf a jax.Array sharded by its logical axes), each process's requests through its own"
+                " proxy (tools/request_proxy.py) that counts them and holds each one"
+                f" {FLAGS.bucket_latency_ms:.0f} ms. Orbax turns on tensorstore's read coalescing for buckets"
+                " (reads of one object issued within 1 ms and at most 1 MB apart become one request), so these"
+                " counts, not a local restore's read calls, are what a bucket bills and waits for. \"pre-sharded\":"
+                " what stock Orbax saves from that mesh (one chunk per device shard, every process's shards in its"
+                " own files: MaxText's `reshard_checkpoint`). Ratios are to that row.\n\n"
+                "| shape | layout | GET requests of the busiest process | fetched / stored | restore s |\n"
+                "|---|---|---|---|---|\n" + "\n".join(bucket_rows) + "\n")
 
 
 if __name__ == "__main__":
