@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 from absl import logging
@@ -88,14 +88,32 @@ class OpenArray:
     self._store = store
 
   def read(self, index: Index) -> np.ndarray:
-    """`array[index]` as a fresh C-contiguous ndarray; only the chunks `index` touches are read."""
+    """`array[index]` as a fresh ndarray laid out as the stored chunks' elements are (C order unless the writer
+    kept its sources' layout, handlers/_orbax_private.with_inner_chunks): copied out of each chunk in memory
+    order, and the way back's inverse transposes are then views. Only the chunks `index` touches are read."""
+    view = self._store[index]
+    order = _kept_order(self._inner_order, index, len(self.array.shape))
     try:
-      value = self._store[index].read().result()
+      if order is None:
+        return np.ascontiguousarray(view.read().result())
+      value = view[ts.d[order].transpose[:]].read().result()
     except Exception as e:  # TensorStore raises ValueError / RuntimeError with its own status text.
       raise ConversionError(
           f"{self._reader.items_path}: reading leaf {'/'.join(self.array.path)} at {_show(index)} failed: {e}"
       ) from e
-    return np.ascontiguousarray(value)
+    return np.transpose(value, np.argsort(order))
+
+  @property
+  def _inner_order(self) -> tuple[int, ...]:
+    return tuple(self._store.chunk_layout.inner_order or range(len(self.array.shape)))
+
+
+def _kept_order(inner_order: Sequence[int], index: Index, rank: int) -> list[int] | None:
+  """The stored element order of the dimensions `index` keeps (those it slices), renumbered as the read's; None
+  where that is C order."""
+  kept = [axis for axis in range(rank) if axis >= len(index) or not isinstance(index[axis], (int, np.integer))]
+  order = [kept.index(axis) for axis in inner_order if axis in kept]
+  return None if order == sorted(order) else order
 
 
 def _show(index: Index) -> str:

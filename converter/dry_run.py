@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections
 import math
 
-from converter import chunking
+from converter import chunking, loaders
 from converter.lazy_leaves import write_blocks
 from converter.plan import Plan
 from handlers.blocks import inner_chunk_shape
@@ -83,11 +83,14 @@ def describe(plan: Plan, *, baseline_bytes: int, max_inflight_bytes: int, shares
                  f"  {formats[leaf.name]:{format_width}}  {sources}")
   tensors = _read_formats(plan)
   lazies, block_shapes, _, _ = write_blocks(plan, max_inflight_bytes)
+  transposed = sum(leaf.nbytes for leaf in plan.leaves if loaders.transposes(leaf.loader))
   lines += [
       "",
       f"leaves:            {len(plan.leaves)}",
       f"source tensors:    {sum(tensors.values())} ({', '.join(f'{n} {f}' for f, n in sorted(tensors.items()))})",
       f"bytes to write:    {plan.total_bytes:,} ({_human(plan.total_bytes)})",
+      f"transposed bytes:  {transposed:,} ({transposed / max(1, plan.total_bytes):.0%}: HF and MaxText order their"
+      " axes differently)",
       f"predicted peak RSS: {_human(predicted_peak_bytes(plan, baseline_bytes, max_inflight_bytes, block_shapes))}"
       f" (budget {_human(max_inflight_bytes)})",
   ]

@@ -26,13 +26,14 @@ def _described(leaf: Leaf) -> str:
 
 
 def lazy_tensor(leaf: Leaf) -> LazyTensor:
-  return LazyTensor(_described(leaf), leaf.shape, leaf.dtype, leaf.loader, leaf.chunk_shape, leaf.chunk_order)
+  return LazyTensor(_described(leaf), leaf.shape, leaf.dtype, leaf.loader, leaf.chunk_shape, leaf.chunk_order,
+                    leaf.element_order)
 
 
 def _sharded_lazy_tensor(leaf: Leaf, sharding: Any) -> ShardedLazyTensor:
   """`leaf` over devices: `sharding` is a JAX sharding, or `_DeviceShards` where only the block cut asks for it."""
   return ShardedLazyTensor(_described(leaf), leaf.shape, leaf.dtype, leaf.loader, sharding, leaf.chunk_shape,
-                           leaf.chunk_order)
+                           leaf.chunk_order, leaf.element_order)
 
 
 def write_blocks(plan: Plan, max_inflight_bytes: int):

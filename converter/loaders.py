@@ -64,6 +64,64 @@ def row_slabs(ops: tuple[Op, ...], part_shape: Shape) -> Slabs | None:
   return None
 
 
+def source_order(ops: tuple[Op, ...], part_shape: Shape) -> tuple[int, ...] | None:
+  """The output's axes as they lie in the source tensor's memory, outermost first, when `ops` are a 2-D transpose
+  followed by reshapes only (every linear kernel, q/k/v/o projection, unpadded logits kernel): the output is a view of the
+  source's rows as they were copied out of the file, and the transposing copy can be left to the store, which
+  lays each chunk out in this order (handlers/_orbax_private.with_inner_chunks) and so copies in memory order.
+  None for any other ops: their output is made C-contiguous, as before."""
+  if len(part_shape) != 2 or not ops or not isinstance(ops[0], ops_lib.Transpose):
+    return None
+  if not all(isinstance(op, (ops_lib.Reshape, ops_lib.PadColumns)) for op in ops[1:]):
+    return None
+  # Strides only: a map of one byte with the source's strides, never read.
+  x = np.lib.stride_tricks.as_strided(np.empty(1, np.uint8), shape=part_shape, strides=(part_shape[1], 1)).T
+  for op in ops[1:]:
+    if isinstance(op, ops_lib.PadColumns):
+      if op.columns != x.shape[-1]:
+        return None  # Padding makes a new array.
+      continue
+    try:
+      x = np.reshape(x, op.new_shape, copy=False)
+    except ValueError:
+      return None
+  return tuple(sorted(range(x.ndim), key=lambda axis: -x.strides[axis]))
+
+
+def in_source_order(loader: Loader) -> tuple[Loader, tuple[int, ...]] | None:
+  """`loader` returning views in its source tensors' layout (`source_order`) instead of C-contiguous arrays, and
+  that layout; None where its values cannot be (other ops, joined slots, fills) or its parts disagree."""
+  if isinstance(loader, FromTensor):
+    order = source_order(loader.ops, loader._part_shape)  # pylint: disable=protected-access
+    return None if order is None else (dataclasses.replace(loader, in_source_order=True), order)
+  if isinstance(loader, Stack):
+    parts = [in_source_order(part) for part in loader.parts]
+    if any(part is None for part in parts) or len({order for _, order in parts}) != 1:
+      return None
+    order = (loader.axis,) + tuple(a + (a >= loader.axis) for a in parts[0][1])
+    return dataclasses.replace(loader, parts=tuple(part for part, _ in parts), order=order), order
+  return None
+
+
+def transposes(loader: Loader) -> bool:
+  """Whether a source tensor reaches `loader`'s value with its axes reordered (a transpose or permutation): the
+  bytes a conversion cannot merely copy, whichever layout it stores them in."""
+  if isinstance(loader, FromTensor):
+    return any(isinstance(op, (ops_lib.Transpose, ops_lib.Permute)) for op in loader.ops)
+  if isinstance(loader, Stack):
+    return any(transposes(part) for part in loader.parts)
+  if isinstance(loader, JoinSlots):
+    return any(transposes(part) for part, _ in loader.parts)
+  return False
+
+
+def _empty(shape: Shape, dtype: np.dtype, order: tuple[int, ...] | None) -> np.ndarray:
+  """An uninitialised array of `shape` laid out with axis `order[0]` outermost (C order without one)."""
+  if order is None:
+    return np.empty(shape, dtype)
+  return np.empty([shape[axis] for axis in order], dtype).transpose(np.argsort(order))
+
+
 def slab_ops(ops: tuple[Op, ...], slabs: Slabs, count: int) -> tuple[Op, ...]:
   """`ops` for a slab of `count` indices of `slabs.axis`: the shape-dependent ones resized."""
   resized = []
@@ -88,6 +146,7 @@ class FromTensor:
   ops: tuple[Op, ...]
   dtype: np.dtype
   shape: Shape
+  in_source_order: bool = False  # Views in the source's layout (`source_order`), the transpose left undone.
 
   @property
   def _part_shape(self) -> Shape:
@@ -112,7 +171,9 @@ class FromTensor:
   def _read(self, region: tuple, ops: tuple[Op, ...]) -> np.ndarray:
     """The source region with `ops` applied; a leading 2-D transpose is done by the source as it copies."""
     transpose = bool(ops) and isinstance(ops[0], ops_lib.Transpose) and len(self._part_shape) == 2
-    x = self.tensor.read(self.dtype, region, transpose=transpose)  # A private copy: the ops never see the map.
+    x = self.tensor.read(self.dtype, region, transpose=transpose and not self.in_source_order)  # A private copy:
+    if transpose and self.in_source_order:  # the ops never see the map.
+      x = x.T
     for op in ops[1:] if transpose else ops:
       x = op(x)
     return x
@@ -145,6 +206,7 @@ class Stack:
   axis: int
   shape: Shape
   dtype: np.dtype
+  order: tuple[int, ...] | None = None  # The parts' layout, this axis outermost (`in_source_order`); None: C.
 
   @property
   def block_shape(self) -> Shape:
@@ -169,9 +231,11 @@ class Stack:
       # One part (a block of one expert or layer, the common case): its region is the block, without a second
       # block-sized copy alive beside it while the block is read.
       part = self.parts[ks[0]].region(part_index)
+      if self.order is not None:
+        return np.expand_dims(part.astype(self.dtype, copy=False), self.axis)
       return np.ascontiguousarray(np.expand_dims(part, self.axis), dtype=self.dtype)
     out_shape = tuple(len(range(*s.indices(d))) for s, d in zip(index, self.shape))
-    out = np.empty(out_shape, dtype=self.dtype)
+    out = _empty(out_shape, self.dtype, self.order)
     for j, k in enumerate(ks):
       assign(out[(slice(None),) * self.axis + (j,)], self.parts[k].region(part_index))
     return out

@@ -90,6 +90,9 @@ flags.DEFINE_boolean("keep_fp8", False, "FP8 checkpoints: keep the FP8 kernels a
                      " MaxText's fp8 models hold them (e.g. qwen3.5-35b-a3b-fp8); half the bytes. Default: dequantize.")
 flags.DEFINE_enum("compression", "zstd", ["zstd", "none"], "Stored arrays' codec: zstd (Orbax's default, level 3)"
                   " or none (larger, and no compressor in the way: for local scratch). MaxText reads both.")
+flags.DEFINE_integer("zstd_level", 1, "zstd's level for compressed chunks (Orbax writes zarr3 at 3): on weights 1"
+                     " stores as few bytes for a quarter less CPU (docs/benchmarks.md); readers read any level.",
+                     lower_bound=1, upper_bound=22)
 flags.DEFINE_boolean("chunk_checksums", True, "A checksum on every stored chunk (zstd's own, or a crc32c when"
                      " uncompressed), which every restore (Orbax, MaxText) verifies: a damaged byte fails the restore instead of loading a wrong weight. false writes"
                      " chunks without one, as versions before 2026-12 did (for comparisons).")
@@ -214,7 +217,7 @@ def _export_lora_adapter(options: ReverseOptions, run: RunContext, start: float)
 
 _TO_MAXTEXT_ONLY = ("scan_layers", "lazy_load_tensors", "simulated_cpu_devices_count", "save_dtype",
                     "target_vocab_size", "allow_unused_tensors", "dry_run", "verify", "resume",
-                    "keep_fp8", "revision", "compression", "chunk_checksums", "lora_adapter_path",
+                    "keep_fp8", "revision", "compression", "zstd_level", "chunk_checksums", "lora_adapter_path",
                     "lora_adapter_revision")
 
 
@@ -265,7 +268,7 @@ def _plan_options() -> PlanOptions:
 def _save_options() -> SaveOptions:
   return SaveOptions(lazy=FLAGS.lazy_load_tensors, devices=FLAGS.simulated_cpu_devices_count,
                      max_inflight_bytes=FLAGS.max_inflight_bytes, compression=FLAGS.compression == "zstd",
-                     checksums=FLAGS.chunk_checksums)
+                     zstd_level=FLAGS.zstd_level, checksums=FLAGS.chunk_checksums)
 
 
 def _run_to_maxtext(plan: Plan, start: float, early_reads: EarlyReads | None = None) -> None:

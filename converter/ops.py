@@ -66,6 +66,8 @@ class Transpose(Op):
     return shape[::-1]
 
   def __call__(self, x: np.ndarray) -> np.ndarray:
+    if x.T.flags.c_contiguous:  # Read in the transposed layout (the way back from chunks in the HF layout).
+      return x.T
     return transpose_last_two(x) if x.ndim == 2 else np.ascontiguousarray(x.T)
 
   def inverse(self, input_shape: Shape) -> Op:

@@ -23,6 +23,7 @@ from converter.errors import ConversionError
 from converter.families import Family, Layout, Param, ResolvedModel
 from converter.families.runtime import Runtime
 from converter.loader import Loader
+from converter import loaders
 from converter.loaders import Fill, FromTensor, JoinSlots, Stack
 from converter.model_config import ModelConfig
 from converter.native_fp8 import Fp8Output
@@ -43,6 +44,8 @@ class Leaf:
   logical_axes: tuple[str | None, ...] | None = None
   chunk_shape: Shape | None = None
   chunk_order: tuple[int, ...] | None = None  # Stored outermost axis first (`ChunkRule.chunk_order`); None: C.
+  # Each stored chunk's elements, outermost axis first: the loader's layout (`loaders.in_source_order`); None: C.
+  element_order: tuple[int, ...] | None = None
 
   @property
   def name(self) -> str:
@@ -352,9 +355,17 @@ def build_plan(source: TensorSource, model: ResolvedModel, options: PlanOptions)
 
 
 def _chunked(leaf: Leaf, rule: ChunkRule) -> Leaf:
+  """`leaf` with its stored chunks cut by `rule`; where chunks are cut and the loader can read in its sources'
+  layout, it does, and the chunks keep that layout: the kernels' transposes are then done by the store's own
+  copy into its chunks, in memory order, instead of by a transposing copy before it (docs/benchmarks.md)."""
   axes = leaf.logical_axes or (None,) * len(leaf.shape)
-  return dataclasses.replace(leaf, chunk_shape=rule.chunk_shape(leaf.shape, axes, leaf.dtype.itemsize),
-                             chunk_order=rule.chunk_order(axes))
+  chunk_shape = rule.chunk_shape(leaf.shape, axes, leaf.dtype.itemsize)
+  leaf = dataclasses.replace(leaf, chunk_shape=chunk_shape, chunk_order=rule.chunk_order(axes))
+  in_source_order = loaders.in_source_order(leaf.loader) if chunk_shape is not None else None
+  if in_source_order is None:
+    return leaf
+  loader, order = in_source_order
+  return dataclasses.replace(leaf, loader=loader, element_order=None if order == tuple(range(len(order))) else order)
 
 
 def _native_fp8(source: TensorSource, model: ResolvedModel, leaves: list[Leaf]) -> tuple[Fp8Output, list[Leaf]]:

@@ -56,6 +56,7 @@ def leaf_handler_registry_of(pytree_handler) -> "StandardLeafHandlerRegistry":
 CRC32C_CODEC = {"name": "crc32c"}
 _stock_zarr3_metadata = _ts_utils._build_zarr3_metadata  # pylint: disable=protected-access
 _chunk_checksums = True
+_zstd_level: int | None = None  # None: Orbax's own.
 
 
 def _checksummed(codecs: list[dict]) -> list[dict]:
@@ -86,33 +87,59 @@ def with_chunk_checksums(metadata: dict) -> dict:
   return {**metadata, "codecs": codecs}
 
 
+def with_zstd_level(metadata: dict, level: int) -> dict:
+  """zarr3 array `metadata` whose zstd codec (inside the `sharding_indexed` codec where there is one) compresses
+  at `level`."""
+
+  def leveled(codecs: list[dict]) -> list[dict]:
+    return [{**codec, "configuration": {**codec.get("configuration", {}), "level": level}}
+            if codec.get("name") == "zstd" else codec for codec in codecs]
+
+  codecs = metadata.get("codecs") or []
+  if codecs and codecs[0].get("name") == "sharding_indexed":
+    configuration = codecs[0]["configuration"]
+    codecs = [{**codecs[0], "configuration": {**configuration, "codecs": leveled(configuration["codecs"])}},
+              *codecs[1:]]
+  return {**metadata, "codecs": leveled(codecs)}
+
+
 def _zarr3_metadata(global_shape, chunk_shape, use_compression: bool) -> dict:
   metadata = _stock_zarr3_metadata(global_shape, chunk_shape, use_compression)
+  if _zstd_level is not None:
+    metadata = with_zstd_level(metadata, _zstd_level)
   return with_chunk_checksums(metadata) if _chunk_checksums else metadata
 
 
-def checksum_chunks(enabled: bool) -> None:
-  """Whether the arrays this process saves from now on checksum every stored chunk (`with_chunk_checksums`).
+def configure_chunks(*, checksums: bool, zstd_level: int | None) -> None:
+  """How the arrays this process saves from now on store their chunks: with a checksum on every one
+  (`with_chunk_checksums`), compressed at zstd `level` (`with_zstd_level`; None: Orbax's 3).
 
   Orbax builds every array's zarr3 metadata in one function (`tensorstore_utils._build_zarr3_metadata`, for our
   streamed leaves, its own numpy and jax.Array leaves and scalars alike) and has no option for the codec chain:
-  it is replaced by one that appends the checksum, once, for the whole process."""
-  global _chunk_checksums
-  _chunk_checksums = enabled
+  it is replaced by one that sets both, once, for the whole process."""
+  global _chunk_checksums, _zstd_level
+  _chunk_checksums, _zstd_level = checksums, zstd_level
   _ts_utils._build_zarr3_metadata = _zarr3_metadata  # pylint: disable=protected-access
 
 
-def with_inner_chunks(json_spec: dict, inner: tuple[int, ...] | None, order: tuple[int, ...] | None = None) -> dict:
+def with_inner_chunks(json_spec: dict, inner: tuple[int, ...] | None, order: tuple[int, ...] | None = None,
+                      element_order: tuple[int, ...] | None = None) -> dict:
   """`json_spec` (from `build_array_write_spec`) with its zarr3 `sharding_indexed` inner chunk set to `inner`:
   Orbax 0.12.8 always makes it the whole write shape (its own TODO b/354139177 suggests this split) and has no
-  option for it. With `order`, a `transpose` codec ahead of the sharding codec lays each write block out with
-  axis `order[0]` outermost (inner chunks in that order, and their elements); every zarr3 reader undoes it. Specs
-  without that codec (zarr2) are returned as they are."""
+  option for it. With `order`, a `transpose` codec ahead of the sharding codec orders each write block's inner
+  chunks with axis `order[0]` outermost; each chunk's elements lie in `element_order` (C order when None), by a
+  second `transpose` inside the sharding codec where that differs from what the first leaves. Every zarr3 reader
+  undoes both. Specs without that codec (zarr2) are returned as they are."""
   codecs = (json_spec.get("metadata") or {}).get("codecs") or []
   if inner is None or not codecs or codecs[0].get("name") != "sharding_indexed":
     return json_spec
   chunk = [inner[axis] for axis in order] if order else list(inner)
-  codecs = [{**codecs[0], "configuration": {**codecs[0]["configuration"], "chunk_shape": chunk}}, *codecs[1:]]
+  configuration = {**codecs[0]["configuration"], "chunk_shape": chunk}
+  # The elements' order relative to the chunk as the outer transpose leaves it.
+  within = [(order or range(len(inner))).index(axis) for axis in element_order or range(len(inner))]
+  if within != sorted(within):
+    configuration["codecs"] = [{"name": "transpose", "configuration": {"order": within}}, *configuration["codecs"]]
+  codecs = [{**codecs[0], "configuration": configuration}, *codecs[1:]]
   if order:
     codecs.insert(0, {"name": "transpose", "configuration": {"order": list(order)}})
   return {**json_spec, "metadata": {**json_spec["metadata"], "codecs": codecs}}

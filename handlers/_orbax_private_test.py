@@ -36,13 +36,17 @@ class ChunkChecksumsTest(absltest.TestCase):
       return metadata["codecs"][0]["configuration"]["codecs"]
 
     try:
-      _orbax_private.checksum_chunks(True)
+      _orbax_private.configure_chunks(checksums=True, zstd_level=None)
       self.assertEqual(inner_codecs(True), [_BYTES, _ZSTD_CHECKED])
       self.assertEqual(inner_codecs(False), [_BYTES, _CRC32C])
-      _orbax_private.checksum_chunks(False)
+      _orbax_private.configure_chunks(checksums=False, zstd_level=None)
       self.assertEqual(inner_codecs(True), [_BYTES, _ZSTD])
+      _orbax_private.configure_chunks(checksums=True, zstd_level=1)
+      leveled = {**_ZSTD_CHECKED, "configuration": {**_ZSTD_CHECKED["configuration"], "level": 1}}
+      self.assertEqual(inner_codecs(True), [_BYTES, leveled])
+      self.assertEqual(inner_codecs(False), [_BYTES, _CRC32C])  # No compressor, no level.
     finally:
-      _orbax_private.checksum_chunks(True)
+      _orbax_private.configure_chunks(checksums=True, zstd_level=None)
 
   def test_inner_chunks_keep_the_checksum(self):
     spec = {"driver": "zarr3", "metadata": _orbax_private.with_chunk_checksums(_sharded([_BYTES, _ZSTD]))}

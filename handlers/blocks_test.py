@@ -111,22 +111,25 @@ class ReadChunksTest(absltest.TestCase):
                 "codecs": [{"name": "sharding_indexed", "configuration": {
                     "chunk_shape": [12, 1, 16], "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}],
                     "index_codecs": [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}]}}]}
-    spec = _orbax_private.with_inner_chunks({"driver": "zarr3", "kvstore": {"driver": "memory"}, "metadata": metadata},
-                                            (6, 1, 4), (2, 0, 1))
-    store = ts.open(spec, create=True).result()
     values = np.arange(12 * 2 * 16, dtype=np.float32).reshape(12, 2, 16)
-    store.write(values).result()
-    np.testing.assert_array_equal(store.read().result(), values)
-    self.assertEqual(tuple(store.chunk_layout.read_chunk.shape), (6, 1, 4))
-    self.assertEqual(tuple(store.chunk_layout.inner_order), (2, 0, 1))
-    shards = sorted(key for key in store.kvstore.list().result() if key.startswith(b"c/"))
-    self.assertEqual(shards, [b"c/0/0/0", b"c/0/1/0"])  # One value per layer, as without the order.
-    block = store.kvstore.read(shards[0]).result().value
     chunk_bytes = 6 * 4 * 4
-    first = np.frombuffer(block[:chunk_bytes], np.float32)
-    np.testing.assert_array_equal(first, values[:6, 0, :4].T.reshape(-1))  # Embed-major inside the chunk too.
-    second = np.frombuffer(block[chunk_bytes:2 * chunk_bytes], np.float32)
-    np.testing.assert_array_equal(second, values[6:, 0, :4].T.reshape(-1))  # Then the next mlp rows, same embed.
+    for element_order, first_chunk in ((None, values[:6, 0, :4]), ((1, 2, 0), values[:6, 0, :4].T)):
+      spec = _orbax_private.with_inner_chunks(
+          {"driver": "zarr3", "kvstore": {"driver": "memory"}, "metadata": metadata}, (6, 1, 4), (2, 0, 1),
+          element_order)
+      store = ts.open(spec, create=True).result()
+      store.write(values).result()
+      np.testing.assert_array_equal(store.read().result(), values)
+      self.assertEqual(tuple(store.chunk_layout.read_chunk.shape), (6, 1, 4))
+      self.assertEqual(tuple(store.chunk_layout.inner_order), element_order or (0, 1, 2))
+      shards = sorted(key for key in store.kvstore.list().result() if key.startswith(b"c/"))
+      self.assertEqual(shards, [b"c/0/0/0", b"c/0/1/0"])  # One value per layer, as without the order.
+      block = store.kvstore.read(shards[0]).result().value
+      # The block's first chunk, its elements in `element_order` (C order by default) ...
+      np.testing.assert_array_equal(np.frombuffer(block[:chunk_bytes], np.float32), first_chunk.reshape(-1))
+      # ... then the next mlp rows at the same embed columns: embed is the outermost axis of the chunk grid.
+      second = np.frombuffer(block[chunk_bytes:2 * chunk_bytes], np.float32).reshape(first_chunk.shape)
+      np.testing.assert_array_equal(second, first_chunk + 6 * 2 * 16)
 
 
 class BlocksInOrderTest(absltest.TestCase):

@@ -71,10 +71,11 @@ class LazyTensor:
   so the cast happens here rather than being left to the loader.
   """
 
-  __slots__ = ("name", "shape", "dtype", "loader", "chunk_shape", "chunk_order")
+  __slots__ = ("name", "shape", "dtype", "loader", "chunk_shape", "chunk_order", "element_order")
 
   def __init__(self, name: str, shape: tuple[int, ...], dtype: Any, loader: Callable[[], np.ndarray],
-               chunk_shape: tuple[int, ...] | None = None, chunk_order: tuple[int, ...] | None = None):
+               chunk_shape: tuple[int, ...] | None = None, chunk_order: tuple[int, ...] | None = None,
+               element_order: tuple[int, ...] | None = None):
     self.name = name
     self.shape = tuple(int(d) for d in shape)
     self.dtype = np.dtype(dtype)
@@ -84,6 +85,9 @@ class LazyTensor:
     # The order the stored chunks and their elements are laid out in, outermost axis first (None: C order): the
     # axes a restoring mesh shards first, so that one host's part of each stored block is one run of bytes.
     self.chunk_order = None if chunk_order is None else tuple(int(a) for a in chunk_order)
+    # The order each stored chunk's elements are laid out in, outermost first (None: C): the layout the loader's
+    # blocks have in memory, so that the store copies them into its chunks without transposing.
+    self.element_order = None if element_order is None else tuple(int(a) for a in element_order)
 
   @property
   def ndim(self) -> int:
@@ -137,7 +141,8 @@ class LazyTensor:
     return self.__array__()
 
   def __reduce__(self):
-    return (type(self), (self.name, self.shape, self.dtype, self.loader, self.chunk_shape, self.chunk_order))
+    return (type(self), (self.name, self.shape, self.dtype, self.loader, self.chunk_shape, self.chunk_order,
+                         self.element_order))
 
   def __deepcopy__(self, memo: dict[int, Any]) -> LazyTensor:
     # Loaders describe immutable sources (file path, tensor name, transforms); sharing them is safe and keeps
@@ -154,10 +159,11 @@ class ShardedLazyTensor(LazyTensor):
   __slots__ = ("sharding",)
 
   def __init__(self, name: str, shape: tuple[int, ...], dtype: Any, loader: Callable[[], np.ndarray], sharding: Any,
-               chunk_shape: tuple[int, ...] | None = None, chunk_order: tuple[int, ...] | None = None):
-    super().__init__(name, shape, dtype, loader, chunk_shape, chunk_order)
+               chunk_shape: tuple[int, ...] | None = None, chunk_order: tuple[int, ...] | None = None,
+               element_order: tuple[int, ...] | None = None):
+    super().__init__(name, shape, dtype, loader, chunk_shape, chunk_order, element_order)
     self.sharding = sharding
 
   def __reduce__(self):
     return (type(self), (self.name, self.shape, self.dtype, self.loader, self.sharding, self.chunk_shape,
-                         self.chunk_order))
+                         self.chunk_order, self.element_order))

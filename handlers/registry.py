@@ -31,11 +31,11 @@ def lazy_tensor_context(options: WriteOptions = WriteOptions()) -> Any:
 
   Options are set on the context's own option objects (Orbax's dot-notation configuration): passing option
   objects to `Context(...)` is deprecated since orbax-checkpoint 0.12.8 and logs a warning on every run. They
-  must be set before the context is entered (`with context:` freezes them). Whether stored chunks carry
-  checksums has no Orbax option: it is set for the process, for the saves made from now on.
+  must be set before the context is entered (`with context:` freezes them). zstd's level and whether stored chunks
+  carry checksums have no Orbax option: they are set for the process, for the saves made from now on.
   """
   context = ocp.v1.Context()
   context.array.saving.use_compression = options.compression
-  _orbax_private.checksum_chunks(options.checksums)
+  _orbax_private.configure_chunks(checksums=options.checksums, zstd_level=options.zstd_level)
   context.checkpointables.registry = build_lazy_tensor_checkpointables_registry(options=options)
   return context

@@ -58,7 +58,8 @@ async def _open(
       process_index=_orbax_private.process_index_for_subdir(info.is_ocdbt_checkpoint),
       metadata_key=metadata_key,
   )
-  json_spec = _orbax_private.with_inner_chunks(spec.json, inner_chunk_shape(lazy, write), lazy.chunk_order)
+  json_spec = _orbax_private.with_inner_chunks(spec.json, inner_chunk_shape(lazy, write), lazy.chunk_order,
+                                                 lazy.element_order)
   try:
     if create:
       store = await ts.open(ts.Spec(json_spec), create=True, open=True, context=info.ts_context)

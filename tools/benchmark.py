@@ -49,10 +49,13 @@ import psutil
 from absl import app, flags
 
 from converter import chunking, write_behind
+from converter.options import SaveOptions
 from tools import synthetic_checkpoint
 from tools.ports import free_port
 
 FLAGS = flags.FLAGS
+# The level the converter compresses at by default (--zstd_level), which the codec floors use too.
+CONVERSION_ZSTD_LEVEL = SaveOptions().zstd_level
 flags.DEFINE_enum("family", "qwen3_moe", sorted(synthetic_checkpoint.FAMILIES), "Synthetic model family.")
 flags.DEFINE_float("size_gb", 8.0, "Approximate checkpoint size in GB (10^9 bytes), bfloat16.")
 flags.DEFINE_list("devices", ["1", "16"], "--simulated_cpu_devices_count values to run.")
@@ -318,9 +321,10 @@ def io_floor(files: list[str], write_bytes: int, scratch: str) -> float:
 
 
 def compression_floors(input_dir: str, nbytes: int, scratch: str, share: int = 0, shares: int = 1,
-                       decode: bool = True) -> tuple[float, float | None, float, float | None]:
+                       decode: bool = True, level: int = CONVERSION_ZSTD_LEVEL
+                       ) -> tuple[float, float | None, float, float | None]:
   """Seconds to push `nbytes` of the input's tensor bytes (repeated when the output is larger, as a dequantized
-  FP8 checkpoint is) through the codec Orbax writes with, zstd level 3 in a zarr3 array on the local disk,
+  FP8 checkpoint is) through the codec the conversions write with, zstd at their level in a zarr3 array on the local disk,
   through tensorstore on every core, and to read them back into a file: the other floors a conversion cannot
   beat, beside the I/O one (encoding for the conversion to MaxText, decoding for the reverse). Each takes its
   bytes from where the conversion finds them to where it leaves them: encoding reads the input files and writes
@@ -345,7 +349,7 @@ def compression_floors(input_dir: str, nbytes: int, scratch: str, share: int = 0
   store = ts.open({"driver": "zarr3", "kvstore": {"driver": "file", "path": path},
                    "metadata": {"shape": [count * piece // 2], "data_type": "uint16",
                                 "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [chunk // 2]}},
-                                "codecs": [{"name": "bytes"}, {"name": "zstd", "configuration": {"level": 3}}]}},
+                                "codecs": [{"name": "bytes"}, {"name": "zstd", "configuration": {"level": level}}]}},
                   create=True, delete_existing=True).result()
 
   window = lambda i: store[i * (piece // 2):(i + 1) * (piece // 2)]
@@ -368,6 +372,21 @@ def compression_floors(input_dir: str, nbytes: int, scratch: str, share: int = 0
   os.remove(decoded_path)
   shutil.rmtree(path, ignore_errors=True)
   return encode, decoded_seconds, encode_cpu, decode_cpu
+
+
+def copy_floor(input_dir: str, nbytes: int) -> tuple[float, float]:
+  """Seconds and CPU seconds to copy `nbytes` of the input's bytes, warm in the page cache, into a buffer once:
+  what the bytes a conversion must transpose would cost it if a transpose were a plain copy. The codec floor plus
+  this is the transpose floor, the least a conversion that reorders axes can cost (issue 38)."""
+  piece = 64 << 20
+  count = -(-nbytes // piece)
+  files = _files(input_dir, ".safetensors")
+  warm(input_dir)  # The conversions find their input in the cache too (the floors before them read it).
+  buffer = np.empty(piece // 2, np.uint16)
+  start, cpu_start = time.monotonic(), time.process_time()
+  for values in floor_pieces(files, count, piece):
+    np.copyto(buffer, values)
+  return time.monotonic() - start, time.process_time() - cpu_start
 
 
 def floor_pieces(files: Sequence[str], count: int, piece: int, share: int = 0,
@@ -730,12 +749,14 @@ def _reverse_command(items_path: str, output_dir: str) -> list[str]:
 # The columns of the main table, one per cell of `_row` and `_route_rows`.
 CONVERSION_COLUMNS = ("conversion", "size", "devices", "scan", "wall (median)", "peak RSS (and --dry_run's)", "output", "throughput",
                       "I/O floor", "compression floor", "wall / max(floors)", "(wall - start-up) / max(floors)",
-                      "CPU-s: conversion / codec floor", "(CPU-s - start-up CPU-s) / codec floor")
+                      "CPU-s: conversion / codec floor", "(CPU-s - start-up CPU-s) / codec floor",
+                      "(CPU-s - start-up CPU-s) / transpose floor")
 
 
 def _row(label: str, devices: str, wall: float, peak: float, out_bytes: int | str, moved_bytes: int, io: float,
          codec: float | None, start_up: tuple[float, float], note: str = "",
-         cpu: tuple[float, float] | None = None, predicted_peak: int | None = None) -> tuple[str, ...]:
+         cpu: tuple[float, float, float] | None = None, predicted_peak: int | None = None) -> tuple[str, ...]:
+  """One row of CONVERSION_COLUMNS; `cpu`: the conversion's CPU-s, the codec floor's and the transpose floor's."""
   out = f"{out_bytes / 1e9:.2f} GB" if isinstance(out_bytes, int) else out_bytes
   floor = max(io, codec or 0.0)
   peak_cell = f"{peak / 2**30:.2f} GiB"
@@ -745,7 +766,8 @@ def _row(label: str, devices: str, wall: float, peak: float, out_bytes: int | st
           peak_cell, out, f"{moved_bytes / wall / 1e6:.0f} MB/s", f"{io:.1f} s",
           "" if codec is None else f"{codec:.1f} s", f"{wall / floor:.2f}{note}", f"{(wall - start_up[0]) / floor:.2f}",
           "" if cpu is None else f"{cpu[0]:.1f} / {cpu[1]:.1f}",
-          "" if cpu is None else f"{(cpu[0] - start_up[1]) / cpu[1]:.2f}")
+          "" if cpu is None else f"{(cpu[0] - start_up[1]) / cpu[1]:.2f}",
+          "" if cpu is None else f"{(cpu[0] - start_up[1]) / cpu[2]:.2f}")
 
 
 DRY_RUN_COLUMNS = ("plan", "size", "devices", "scan", "wall (median)", "peak RSS", "CPU-s")
@@ -782,12 +804,23 @@ _UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40
 
 def dry_run_peak(command: list[str], env: dict[str, str]) -> int:
   """The peak RSS `command` + `--dry_run` predicts (from config.json and the headers alone), in bytes."""
+  return dry_run_figures(command, env)[0]
+
+
+def dry_run_figures(command: list[str], env: dict[str, str]) -> tuple[int, int]:
+  """(the peak RSS, the bytes whose axes it reorders) `command` + `--dry_run` predicts, from the headers alone."""
   result = subprocess.run([*command, "--dry_run"], env=env, capture_output=True, text=True)
+  peak = transposed = None
   for line in result.stdout.splitlines():
     if line.startswith("predicted peak RSS:"):
       value, unit = line.split(":", 1)[1].split()[:2]
-      return int(float(value) * _UNITS[unit])
-  sys.exit(f"--dry_run printed no predicted peak ({result.returncode}):\n{result.stderr[-3000:]}")
+      peak = int(float(value) * _UNITS[unit])
+    elif line.startswith("transposed bytes:"):
+      transposed = int(line.split(":", 1)[1].split()[0].replace(",", ""))
+  if peak is None or transposed is None:
+    sys.exit(f"--dry_run printed no predicted peak or transposed bytes ({result.returncode}):\n"
+             f"{result.stderr[-3000:]}")
+  return peak, transposed
 
 
 def main(argv: list[str]) -> None:
@@ -821,6 +854,7 @@ def main(argv: list[str]) -> None:
   input_bytes = _du(input_dir)
   output_floor_bytes = input_bytes * (2 if quantized else 1)  # FP8 becomes bfloat16.
   floors, native_floors, codec_floors, reverse_floors = [], [], [], []  # codec: (encode, decode, their CPU-s)
+  copy_floors = []  # A plain copy of the bytes the conversion transposes: (seconds, CPU-s).
   median = lambda runs, k: statistics.median(r[k] for r in runs)
   rows, native_rows, reverse_rows, lora_rows, variant_rows, variant_reverse_rows = [], [], [], [], [], []
   adapter_dir = os.path.join(FLAGS.work_dir, f"lora-r{FLAGS.lora_rank}")
@@ -836,7 +870,7 @@ def main(argv: list[str]) -> None:
   for devices in FLAGS.devices:
     walls, peaks, cpus, routes, native_runs, reverse_runs, lora_runs = [], [], [], [], [], [], []
     variant_runs, variant_reverse_runs = [], []
-    predicted_peak = dry_run_peak(_convert_command(input_dir, output_dir, devices), env)
+    predicted_peak, transposed = dry_run_figures(_convert_command(input_dir, output_dir, devices), env)
     lora_command = _convert_command(input_dir, output_dir, devices, f"--lora_adapter_path={adapter_dir}")
     lora_predicted_peak = dry_run_peak(lora_command, env) if FLAGS.lora_rank else None
     for _ in range(FLAGS.runs):
@@ -844,6 +878,7 @@ def main(argv: list[str]) -> None:
       floors.append(in_child(io_floor, input_files, output_floor_bytes, FLAGS.work_dir))
       if not quantized:
         codec_floors.append(in_child(compression_floors, input_dir, output_floor_bytes, FLAGS.work_dir))
+      copy_floors.append(in_child(copy_floor, input_dir, transposed))
       if FLAGS.variant_flags:  # First, so that the default's output is there for the rows below.
         variant_runs.append((*_run(f"  {' '.join(FLAGS.variant_flags)}", _convert_command(
             input_dir, output_dir, devices, *FLAGS.variant_flags), env, cgroup), _du(output_dir)))
@@ -906,14 +941,18 @@ def main(argv: list[str]) -> None:
   shutil.rmtree(output_dir, ignore_errors=True)
   io = statistics.median(floors)
   encode, decode, encode_cpu, decode_cpu = (median(codec_floors, k) for k in range(4))
+  copy_cpu = median(copy_floors, 1)
   start_up = start_up_cost(3)
   caption = (f"input {input_bytes / 1e9:.2f} GB; I/O floor (read the input + write"
              f" {output_floor_bytes / 1e9:.2f} GB, fsync) median {io:.1f} s; compression floor (the"
-             f" {'dequantized copy' if quantized else f'{output_floor_bytes / 1e9:.2f} GB'} through zstd level 3,"
-             f" Orbax's zarr3 codec, via tensorstore on every core, from a file map by reference,"
+             f" {'dequantized copy' if quantized else f'{output_floor_bytes / 1e9:.2f} GB'} through zstd level"
+             f" {CONVERSION_ZSTD_LEVEL} (the conversions' --zstd_level) in a zarr3 array,"
+             f" via tensorstore on every core, from a file map by reference,"
              f" in {chunking.ChunkRule.max_chunk_bytes >> 20} MiB chunks)"
              f" median {encode:.1f} s ({encode_cpu:.1f} CPU-s), decompression (reading them back into a file, synced)"
-             f" {decode:.1f} s ({decode_cpu:.1f} CPU-s); start-up"
+             f" {decode:.1f} s ({decode_cpu:.1f} CPU-s); transpose floor (the codec's CPU-s plus a plain copy of the"
+             f" {transposed / 1e9:.2f} GB the conversion transposes, {copy_cpu:.2f} CPU-s) {encode_cpu + copy_cpu:.1f}"
+             f" CPU-s to MaxText, {decode_cpu + copy_cpu:.1f} back; start-up"
              f" (the bundled tiny checkpoint) {start_up.wall:.2f} s ({start_up.cpu:.2f} CPU-s), its first block read"
              f" {start_up.first_read:.2f} s after the process started; back to HuggingFace {start_up.reverse_wall:.2f} s"
              f" ({start_up.reverse_cpu:.2f} CPU-s)")
@@ -922,22 +961,24 @@ def main(argv: list[str]) -> None:
   # checkpoint of a few GB it is a fifth of the floor, on one of a TB nothing. CPU seconds say which wall is bound
   # by work (CPU near cores x wall: only less work per byte helps) and which by waiting (cores left idle).
   table_rows = [_row(f"{FLAGS.family} -> MaxText", devices, wall, peak, out_bytes, input_bytes, io, encode,
-                     forward_start_up, cpu=(cpu, encode_cpu), predicted_peak=predicted)
+                     forward_start_up, cpu=(cpu, encode_cpu, encode_cpu + copy_cpu), predicted_peak=predicted)
                 for devices, wall, peak, out_bytes, _, cpu, predicted in rows]
   if reverse_rows:
     reverse_io = statistics.median(reverse_floors)
     table_rows += [_row("MaxText -> HuggingFace", devices, wall, peak, back_bytes, back_bytes, reverse_io, decode,
-                        reverse_start_up, cpu=(cpu, decode_cpu)) for devices, wall, peak, back_bytes, cpu in reverse_rows]
+                        reverse_start_up, cpu=(cpu, decode_cpu, decode_cpu + copy_cpu))
+                   for devices, wall, peak, back_bytes, cpu in reverse_rows]
   table_rows += [_row(f"{FLAGS.family} -> MaxText, a rank-{FLAGS.lora_rank} LoRA adapter merged", devices, wall, peak,
-                     out_bytes, input_bytes, io, encode, forward_start_up, cpu=(cpu, encode_cpu),
+                     out_bytes, input_bytes, io, encode, forward_start_up, cpu=(cpu, encode_cpu, encode_cpu + copy_cpu),
                      predicted_peak=predicted)
                  for devices, wall, peak, cpu, out_bytes, predicted in lora_rows]
   table_rows += [_row(f"{FLAGS.family} -> MaxText, {' '.join(FLAGS.variant_flags)}", devices, wall, peak, out_bytes,
-                      input_bytes, io, encode, forward_start_up, cpu=(cpu, encode_cpu))
+                      input_bytes, io, encode, forward_start_up, cpu=(cpu, encode_cpu, encode_cpu + copy_cpu))
                  for devices, wall, peak, cpu, out_bytes in variant_rows]
   if variant_reverse_rows:
     table_rows += [_row(f"MaxText -> HuggingFace, from {' '.join(FLAGS.variant_flags)}", devices, wall, peak,
-                        back_bytes, back_bytes, reverse_io, decode, reverse_start_up, cpu=(cpu, decode_cpu))
+                        back_bytes, back_bytes, reverse_io, decode, reverse_start_up,
+                        cpu=(cpu, decode_cpu, decode_cpu + copy_cpu))
                    for devices, wall, peak, cpu, back_bytes in variant_reverse_rows]
   if native_rows:
     native_floor = statistics.median(native_floors)
@@ -980,7 +1021,7 @@ def _route_rows(rows: list, input_bytes: int, io: float, zstd: float) -> list[tu
           f"{max(pass_peak, copy_peak) / 2**30:.2f} GiB (bf16 conversion {copy_peak / 2**30:.2f} GiB)", "", "",
           f"{io:.1f} s", f"{zstd:.1f} s",
           f"{(pass_wall + copy_wall) / floor:.2f} ({(pass_wall + copy_wall) / wall:.2f}x the direct conversion)", "",
-          "", ""))
+          "", "", ""))
   return table_rows
 
 
