@@ -152,6 +152,7 @@ class CheckpointReader:
     self._layout = orbax_format.read_tree_layout(items_path)
     self._probe_context = self._context(0)
     self._chunk_shapes: dict[tuple[str, ...], Shape] = {}
+    self._block_shapes: dict[tuple[str, ...], Shape] = {}
     self.arrays: dict[tuple[str, ...], StoredArray] = {}
     opening = [(path, self._open_store_async(path, self._probe_context))  # All in flight at once.
                for path in self._layout.array_paths]
@@ -161,6 +162,7 @@ class CheckpointReader:
         self.arrays[path] = StoredArray(path, orbax_format.param_name(path), tuple(int(d) for d in store.shape),
                                         np.dtype(store.dtype.numpy_dtype))
         self._chunk_shapes[path] = tuple(int(d) for d in store.chunk_layout.read_chunk.shape)
+        self._block_shapes[path] = tuple(int(d) for d in store.chunk_layout.write_chunk.shape)
     if dequantize_fp8:
       self._present_fp8_dequantized()
 
@@ -201,6 +203,12 @@ class CheckpointReader:
     if array.fp8 is not None:
       return self.chunk_shape(array.fp8[0])
     return self._chunk_shapes[array.path]
+
+  def block_shape(self, array: StoredArray) -> Shape:
+    """The shape of the blocks `array` is stored in (zarr3 shards: one stored value each, its chunks inside)."""
+    if array.fp8 is not None:
+      return self.block_shape(array.fp8[0])
+    return self._block_shapes[array.path]
 
   def chunk_checksum(self, array: StoredArray) -> str | None:
     """What checks each stored chunk of `array` when it is read: "zstd" (its frames' content checksum) or

@@ -263,6 +263,7 @@ class StoredLeaf:
   chunk: Shape
   itemsize: int
   logical_axes: Sequence[str | None]
+  block: Shape | None = None  # The stored block (one value, an object's byte range) the chunks lie in; None: one.
 
 
 def predicted_amplification(leaves: Sequence[StoredLeaf], mesh: Sequence[tuple[str, int]],
@@ -286,6 +287,31 @@ def predicted_requests(leaves: Sequence[StoredLeaf], mesh: Sequence[tuple[str, i
   return max(per_host, default=0)
 
 
+def bucket_requests(leaf: StoredLeaf, mesh: Sequence[tuple[str, int]],
+                    devices_per_host: int = DEVICES_PER_HOST) -> list[int]:
+  """About how many requests each host makes to a bucket restoring `leaf` on `mesh`. Orbax reads buckets with
+  tensorstore's read coalescing on (reads of one object issued together, at most 1 MB apart, become one request):
+  of each stored block its devices' shards touch, a host fetches the block's index, then its part of the block,
+  one run of bytes where the block is laid out with the mesh's axes outermost (`ChunkRule.chunk_order`): two
+  requests; one for a block that is a single chunk, read whole. Measured against the GCS emulator's counts:
+  docs/loading-on-a-pod.md."""
+  block = leaf.block or leaf.chunk
+  per_block = 1 if tuple(block) == tuple(leaf.chunk) else 2
+  count = lambda box: math.prod(len(r) for r in box)
+  return [per_block * _union(list(set(indices.values())), count)
+          for indices in _host_boxes(leaf.shape, block, leaf.logical_axes, mesh, devices_per_host)]
+
+
+def predicted_bucket_requests(leaves: Sequence[StoredLeaf], mesh: Sequence[tuple[str, int]],
+                              devices_per_host: int = DEVICES_PER_HOST) -> int:
+  """The busiest host's bucket requests restoring `leaves` on `mesh` (see `bucket_requests`)."""
+  per_host: list[int] = []
+  for leaf in leaves:
+    requests = bucket_requests(leaf, mesh, devices_per_host)
+    per_host = [a + b for a, b in itertools.zip_longest(per_host, requests, fillvalue=0)]
+  return max(per_host, default=0)
+
+
 def pre_sharded(leaves: Sequence[StoredLeaf], mesh: Sequence[tuple[str, int]]) -> list[StoredLeaf]:
   """`leaves` as a checkpoint pre-sharded for `mesh` stores them: one chunk per device shard, every layer and
   expert of the shard in it (as Orbax stores a jax.Array saved from that mesh)."""
@@ -295,7 +321,7 @@ def pre_sharded(leaves: Sequence[StoredLeaf], mesh: Sequence[tuple[str, int]]) -
     parts = [math.prod(sizes.get(a, 1) for a in axes) for axes in mesh_axes(leaf.logical_axes)]
     return tuple(n // p if n % p == 0 else n for n, p in zip(leaf.shape, parts))
 
-  return [dataclasses.replace(leaf, chunk=shard(leaf)) for leaf in leaves]
+  return [dataclasses.replace(leaf, chunk=shard(leaf), block=None) for leaf in leaves]
 
 
 def ideal_amplification(leaves: Sequence[StoredLeaf], mesh: Sequence[tuple[str, int]],
@@ -311,18 +337,21 @@ def describe_mesh(mesh: Sequence[tuple[str, int]]) -> str:
 
 def restore_lines(leaves: Sequence[StoredLeaf], meshes: Iterable[Sequence[tuple[str, int]]],
                   devices_per_host: int = DEVICES_PER_HOST) -> list[str]:
-  """One line per mesh: what its hosts would read of `leaves` when MaxText restores them, in bytes and in read
-  calls (the busiest host's), beside a checkpoint pre-sharded for that mesh."""
+  """One line per mesh: what its hosts would read of `leaves` when MaxText restores them, in bytes, in requests
+  to a bucket and in read calls on a local disk (the busiest host's), beside a checkpoint pre-sharded for that
+  mesh. A pre-sharded checkpoint's host finds its shards of a leaf adjacent in its own files: about one bucket
+  request per leaf (measured 6-31 for 12 leaves, docs/loading-on-a-pod.md)."""
   lines = []
   for mesh in meshes:
     dedup, worst = predicted_amplification(leaves, mesh, devices_per_host)
     sharded = pre_sharded(leaves, mesh)
     ideal = predicted_amplification(sharded, mesh, devices_per_host)[0]
-    requests, ideal_requests = (predicted_requests(kind, mesh, devices_per_host) for kind in (leaves, sharded))
+    requests = predicted_bucket_requests(leaves, mesh, devices_per_host)
+    calls, ideal_calls = (predicted_requests(kind, mesh, devices_per_host) for kind in (leaves, sharded))
     lines.append(f"restore on {describe_mesh(mesh):28} reads {dedup:.2f}x the stored bytes (at worst {worst:.2f}x;"
-                 f" pre-sharded for it: {ideal:.2f}x) in {requests:,} read calls on the busiest host"
-                 f" ({requests / max(1, ideal_requests):.1f}x the pre-sharded {ideal_requests:,}; a bucket merges a"
-                 " host's adjacent ones)")
+                 f" pre-sharded for it: {ideal:.2f}x); the busiest host: about {requests:,} bucket requests"
+                 f" ({requests / max(1, len(leaves)):.1f}x the pre-sharded {len(leaves):,}), {calls:,} local read"
+                 f" calls ({calls / max(1, ideal_calls):.1f}x the pre-sharded {ideal_calls:,})")
   return lines
 
 

@@ -124,7 +124,22 @@ class PredictedRequestsTest(absltest.TestCase):
     self.assertEqual(chunking.predicted_requests(leaves, mesh), 2 * 4 * 16)
     self.assertEqual(chunking.predicted_requests(chunking.pre_sharded(leaves, mesh), mesh), 2 * 4)
     (line,) = chunking.restore_lines(leaves, [mesh])
-    self.assertIn("in 128 read calls on the busiest host (16.0x the pre-sharded 8;", line)
+    self.assertIn("128 local read calls (16.0x the pre-sharded 8)", line)
+
+  def test_bucket_requests_two_per_stored_block_a_host_touches(self):
+    mesh = chunking.fsdp_mesh(16)
+    # Blocks of 4 layers across the whole embed axis: every host touches all 4 of them, index + its run each.
+    spanning = chunking.StoredLeaf(WI[0], (128, 1, 6144), BF16, WI[1], block=(2048, 4, 6144))
+    self.assertEqual(chunking.bucket_requests(spanning, mesh), [2 * 4] * 4)
+    # Blocks cut at a host's quarter of the embed axis: each host touches only its own.
+    own = chunking.StoredLeaf(WI[0], (128, 1, 6144), BF16, WI[1], block=(512, 16, 6144))
+    self.assertEqual(chunking.bucket_requests(own, mesh), [2] * 4)
+    # A block that is one chunk is read whole, in one request.
+    whole = chunking.StoredLeaf(WI[0], (128, 16, 6144), BF16, WI[1])
+    self.assertEqual(chunking.bucket_requests(whole, mesh), [4] * 4)
+    self.assertEqual(chunking.predicted_bucket_requests([spanning, own], mesh), 10)
+    (line,) = chunking.restore_lines([spanning, own], [mesh])
+    self.assertIn("about 10 bucket requests (5.0x the pre-sharded 2)", line)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ import math
 from converter import chunking, loaders
 from converter.lazy_leaves import write_blocks
 from converter.plan import Plan
-from handlers.blocks import inner_chunk_shape
+from handlers.blocks import inner_chunk_shape, write_shape
 
 # Fitted to the peaks tools/benchmark.py measures beside each prediction (docs/memory-and-streaming.md): every
 # byte of the budget in flight holds about this many resident (the block, and tensorstore's encoded shard of it
@@ -49,7 +49,7 @@ def stored_leaves(plan: Plan, lazies: list, block_shapes: list) -> list[chunking
   for leaf, lazy, block in zip(plan.leaves, lazies, block_shapes):
     chunk = inner_chunk_shape(lazy, tuple(block)) or tuple(block)
     out.append(chunking.StoredLeaf(leaf.shape, chunk, leaf.dtype.itemsize,
-                                   leaf.logical_axes or (None,) * len(leaf.shape)))
+                                   leaf.logical_axes or (None,) * len(leaf.shape), write_shape(lazy, tuple(block))))
   return out
 
 

@@ -26,7 +26,8 @@ def stored_leaves(items_path: str) -> tuple[dict[str, chunking.StoredLeaf], dict
     name = leaf_name(key)
     axes = recorded[name] if name in recorded else _axes_from_name(name, len(array.shape))
     leaves[name] = chunking.StoredLeaf(array.shape, reader.chunk_shape(array), array.dtype.itemsize,
-                                       tuple(axes) if axes is not None else (None,) * len(array.shape))
+                                       tuple(axes) if axes is not None else (None,) * len(array.shape),
+                                       reader.block_shape(array))
   return leaves, record.chunking
 
 

@@ -222,10 +222,28 @@ def _bucket_rows(shape: str, layouts: list[tuple[str, str]], ours: str) -> list[
       busiest = max(proxy.counts.gets for proxy in proxies)
       fetched = sum(proxy.counts.get_bytes for proxy in proxies)
       reference = reference or (busiest, seconds)
-      rows.append(f"| {shape} | {name} | {busiest:,} ({busiest / reference[0]:.1f}x) |"
+      if rows:
+        predicted = " / ".join(f"{n:,}" for n in _predicted_bucket_requests(
+            items, [f"fsdp={FLAGS.processes * FLAGS.devices_per_process}", "fsdp=64", "fsdp=256"]))
+      else:
+        predicted = f"{_leaf_count(items)} (one per leaf)"
+      rows.append(f"| {shape} | {name} | {busiest:,} ({busiest / reference[0]:.1f}x) | {predicted} |"
                   f" {fetched / _stored_bytes(items):.2f}x | {seconds:.1f} ({seconds / reference[1]:.2f}x) |")
       print(rows[-1], flush=True)
   return rows
+
+
+def _leaf_count(items: str) -> int:
+  from converter import layout_inspection  # pylint: disable=g-import-not-at-top
+
+  return len(layout_inspection.stored_leaves(items)[0])
+
+
+def _predicted_bucket_requests(items: str, meshes: list[str]) -> list[int]:
+  from converter import chunking, layout_inspection  # pylint: disable=g-import-not-at-top
+
+  leaves = list(layout_inspection.stored_leaves(items)[0].values())
+  return [chunking.predicted_bucket_requests(leaves, chunking.parse_mesh(m)) for m in meshes]
 
 
 def _predicted(items: str, meshes: list[str]) -> list[str]:
@@ -304,8 +322,12 @@ def main(argv: list[str]) -> None:
                 " counts, not a local restore's read calls, are what a bucket bills and waits for. \"pre-sharded\":"
                 " what stock Orbax saves from that mesh (one chunk per device shard, every process's shards in its"
                 " own files: MaxText's `reshard_checkpoint`). Ratios are to that row.\n\n"
-                "| shape | layout | GET requests of the busiest process | fetched / stored | restore s |\n"
-                "|---|---|---|---|---|\n" + "\n".join(bucket_rows) + "\n")
+                " \"predicted\": the busiest host's requests from the stored grids alone"
+                " (converter/chunking.bucket_requests: two per stored block it touches, one for a block read whole)"
+                f" at fsdp={devices}, 64 and 256; a pre-sharded checkpoint is predicted one per leaf.\n\n"
+                "| shape | layout | GET requests of the busiest process | predicted (fsdp 16 / 64 / 256) |"
+                " fetched / stored | restore s |\n"
+                "|---|---|---|---|---|---|\n" + "\n".join(bucket_rows) + "\n")
 
 
 if __name__ == "__main__":
