@@ -66,10 +66,10 @@ def row_slabs(ops: tuple[Op, ...], part_shape: Shape) -> Slabs | None:
 
 def source_order(ops: tuple[Op, ...], part_shape: Shape) -> tuple[int, ...] | None:
   """The output's axes as they lie in the source tensor's memory, outermost first, when `ops` are a 2-D transpose
-  followed by reshapes only (every linear kernel, q/k/v/o projection, unpadded logits kernel): the output is a view of the
-  source's rows as they were copied out of the file, and the transposing copy can be left to the store, which
-  lays each chunk out in this order (handlers/_orbax_private.with_inner_chunks) and so copies in memory order.
-  None for any other ops: their output is made C-contiguous, as before."""
+  followed by reshapes only (every linear kernel, q/k/v/o projection, unpadded logits kernel): the output is then
+  a view of the source's rows as they were copied out of the file, and the transposing copy can be left to the
+  store, which lays each chunk out in this order (handlers/_orbax_private.with_inner_chunks) and so copies in
+  memory order. None for any other ops: their output is made C-contiguous, as before."""
   if len(part_shape) != 2 or not ops or not isinstance(ops[0], ops_lib.Transpose):
     return None
   if not all(isinstance(op, (ops_lib.Reshape, ops_lib.PadColumns)) for op in ops[1:]):
@@ -171,8 +171,9 @@ class FromTensor:
   def _read(self, region: tuple, ops: tuple[Op, ...]) -> np.ndarray:
     """The source region with `ops` applied; a leading 2-D transpose is done by the source as it copies."""
     transpose = bool(ops) and isinstance(ops[0], ops_lib.Transpose) and len(self._part_shape) == 2
-    x = self.tensor.read(self.dtype, region, transpose=transpose and not self.in_source_order)  # A private copy:
-    if transpose and self.in_source_order:  # the ops never see the map.
+    # A private copy (the ops never see the map), transposed as it is copied unless that is left to the store.
+    x = self.tensor.read(self.dtype, region, transpose=transpose and not self.in_source_order)
+    if transpose and self.in_source_order:
       x = x.T
     for op in ops[1:] if transpose else ops:
       x = op(x)

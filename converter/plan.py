@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from converter import families
+from converter import loaders
 from converter import logical_axes
 from converter import native_fp8
 from converter.arrays import Shape
@@ -23,7 +24,6 @@ from converter.errors import ConversionError
 from converter.families import Family, Layout, Param, ResolvedModel
 from converter.families.runtime import Runtime
 from converter.loader import Loader
-from converter import loaders
 from converter.loaders import Fill, FromTensor, JoinSlots, Stack
 from converter.model_config import ModelConfig
 from converter.native_fp8 import Fp8Output
