@@ -210,17 +210,20 @@ class CheckpointReader:
       return self.block_shape(array.fp8[0])
     return self._block_shapes[array.path]
 
+  def chunk_codecs(self, array: StoredArray) -> list[dict]:
+    """The zarr3 codecs each stored chunk of `array` is encoded with (inside the sharding codec, where one holds
+    the chunks; empty for zarr v2)."""
+    if array.fp8 is not None:
+      return self.chunk_codecs(array.fp8[0])
+    codecs = self._open_store(array, self._probe_context).spec().to_json().get("metadata", {}).get("codecs", [])
+    sharding = [codec for codec in codecs if codec["name"] == "sharding_indexed"]  # After a transpose, if any.
+    return sharding[0]["configuration"]["codecs"] if sharding else codecs
+
   def chunk_checksum(self, array: StoredArray) -> str | None:
     """What checks each stored chunk of `array` when it is read: "zstd" (its frames' content checksum) or
     "crc32c" (a codec in the chunk's chain), as this converter writes them; None where nothing does (older
     checkpoints, MaxText's own, zarr v2)."""
-    if array.fp8 is not None:
-      return self.chunk_checksum(array.fp8[0])
-    codecs = self._open_store(array, self._probe_context).spec().to_json().get("metadata", {}).get("codecs", [])
-    sharding = [codec for codec in codecs if codec["name"] == "sharding_indexed"]  # After a transpose, if any.
-    if sharding:
-      codecs = sharding[0]["configuration"]["codecs"]
-    for codec in codecs:
+    for codec in self.chunk_codecs(array):
       if codec["name"] == "crc32c" or (codec["name"] == "zstd" and codec.get("configuration", {}).get("checksum")):
         return codec["name"]
     return None

@@ -90,9 +90,9 @@ flags.DEFINE_boolean("keep_fp8", False, "FP8 checkpoints: keep the FP8 kernels a
                      " MaxText's fp8 models hold them (e.g. qwen3.5-35b-a3b-fp8); half the bytes. Default: dequantize.")
 flags.DEFINE_enum("compression", "zstd", ["zstd", "none"], "Stored arrays' codec: zstd (Orbax's default, level 3)"
                   " or none (larger, and no compressor in the way: for local scratch). MaxText reads both.")
-flags.DEFINE_integer("zstd_level", 1, "zstd's level for compressed chunks (Orbax writes zarr3 at 3): on weights 1"
-                     " stores as few bytes for a quarter less CPU (docs/benchmarks.md); readers read any level.",
-                     lower_bound=1, upper_bound=22)
+flags.DEFINE_integer("zstd_level", None, "zstd's level for compressed chunks; default 1 (as few bytes stored as"
+                     " Orbax's 3 on weights, a quarter less CPU), 3 where FP8 weights are dequantized (their few"
+                     " distinct values repeat). Readers read any level.", lower_bound=1, upper_bound=22)
 flags.DEFINE_boolean("chunk_checksums", True, "A checksum on every stored chunk (zstd's own, or a crc32c when"
                      " uncompressed), which every restore (Orbax, MaxText) verifies: a damaged byte fails the restore instead of loading a wrong weight. false writes"
                      " chunks without one, as versions before 2026-12 did (for comparisons).")

@@ -42,7 +42,7 @@ class SaveOptions:
   devices: int = 1  # Leaves are sharded over this many (simulated) devices when > 1.
   max_inflight_bytes: int = DEFAULT_MAX_INFLIGHT_BYTES
   compression: bool = True  # zstd (Orbax's default), else stored uncompressed.
-  zstd_level: int = 1  # handlers.WriteOptions.zstd_level.
+  zstd_level: int | None = None  # handlers.WriteOptions.zstd_level; None: the plan's (`Plan.zstd_level`).
   checksums: bool = True  # A checksum on every stored chunk, verified by every restore.
 
 

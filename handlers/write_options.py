@@ -39,9 +39,8 @@ class WriteOptions:
   # zstd (Orbax's default for zarr3, level 3), or no compression: larger files, no compressor on the critical
   # path (Orbax's own ArrayOptions.Saving.use_compression; every reader, MaxText's included, reads both).
   compression: bool = True
-  # zstd's level for compressed chunks. Orbax writes zarr3 at 3 (zarr2 at 1); on weights, whose bytes have few
-  # repeats for level 3's match finder to find, 1 stores as few bytes and saves a quarter of a conversion's CPU
-  # (docs/benchmarks.md). Every level reads back the same way.
+  # zstd's level for compressed chunks (Orbax writes zarr3 at 3, zarr2 at 1); every level reads back the same way.
+  # The converter chooses it per plan (converter/plan.py `default_zstd_level`).
   zstd_level: int = 1
   # A checksum on every stored chunk (zstd's content checksum, or a crc32c codec when uncompressed), which
   # tensorstore checks on every read (Orbax v0 and v1, MaxText's loader): a damaged byte fails the restore instead

@@ -28,6 +28,7 @@ import numpy as np  # pylint: disable=g-import-not-at-top,g-bad-import-order
 from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
 
 from converter import layout_inspection  # pylint: disable=g-import-not-at-top
+from converter.checkpoint_reader import CheckpointReader  # pylint: disable=g-import-not-at-top
 from converter.output.record import ConversionRecord  # pylint: disable=g-import-not-at-top
 from tools import checkpoint_io, quantize, tiny_models, validate_lib  # pylint: disable=g-import-not-at-top
 from tools import synthetic_checkpoint  # pylint: disable=g-import-not-at-top
@@ -83,9 +84,12 @@ class QuantizedTest(parameterized.TestCase):
     # reference, whatever the blocks, partial ones included.
     quantized, reference_dir, _ = quantized_model(fmt)
     flags = (f"--save_dtype={save_dtype}", "--simulated_cpu_devices_count=1")
-    ours = checkpoint_io.restore_v0(convert(quantized, *flags))
-    expected = checkpoint_io.restore_v0(convert(reference_dir, *flags))
-    self.assertEqual(checkpoint_io.trees_bit_identical(ours, expected), [])
+    ours, expected = convert(quantized, *flags), convert(reference_dir, *flags)
+    self.assertEqual(checkpoint_io.trees_bit_identical(checkpoint_io.restore_v0(ours),
+                                                       checkpoint_io.restore_v0(expected)), [])
+    # Dequantized weights take few distinct values: stored at zstd level 3, the float reference at 1.
+    self.assertEqual(_zstd_levels(ours), {3})
+    self.assertEqual(_zstd_levels(expected), {1})
 
   def test_fp8_blocks_are_taken_from_the_config_not_the_shapes(self):
     # A 256-row weight in 48-row blocks has 6 scale rows; inferring the block from the shapes gives 42 rows
@@ -206,6 +210,12 @@ class NativeFp8Test(parameterized.TestCase):
     self.assertIn("kernel_scale", result.stdout)
     self.assertIn("float8_e4m3fn", result.stdout)
     self.assertFalse(os.path.exists(out))
+
+
+def _zstd_levels(items: str) -> set[int]:
+  reader = CheckpointReader(items)
+  return {codec["configuration"]["level"] for array in reader.arrays.values()
+          for codec in reader.chunk_codecs(array) if codec["name"] == "zstd"}
 
 
 class QuantizedBadInputTest(absltest.TestCase):

@@ -49,13 +49,11 @@ import psutil
 from absl import app, flags
 
 from converter import chunking, write_behind
-from converter.options import SaveOptions
+from converter.plan import default_zstd_level
 from tools import synthetic_checkpoint
 from tools.ports import free_port
 
 FLAGS = flags.FLAGS
-# The level the converter compresses at by default (--zstd_level), which the codec floors use too.
-CONVERSION_ZSTD_LEVEL = SaveOptions().zstd_level
 flags.DEFINE_enum("family", "qwen3_moe", sorted(synthetic_checkpoint.FAMILIES), "Synthetic model family.")
 flags.DEFINE_float("size_gb", 8.0, "Approximate checkpoint size in GB (10^9 bytes), bfloat16.")
 flags.DEFINE_list("devices", ["1", "16"], "--simulated_cpu_devices_count values to run.")
@@ -321,10 +319,11 @@ def io_floor(files: list[str], write_bytes: int, scratch: str) -> float:
 
 
 def compression_floors(input_dir: str, nbytes: int, scratch: str, share: int = 0, shares: int = 1,
-                       decode: bool = True, level: int = CONVERSION_ZSTD_LEVEL
+                       decode: bool = True, level: int = default_zstd_level(dequantizing=False)
                        ) -> tuple[float, float | None, float, float | None]:
   """Seconds to push `nbytes` of the input's tensor bytes (repeated when the output is larger, as a dequantized
-  FP8 checkpoint is) through the codec the conversions write with, zstd at their level in a zarr3 array on the local disk,
+  FP8 checkpoint is) through the codec the conversions write with (zstd at `level`, the converter's default for
+  the input: `plan.default_zstd_level`) in a zarr3 array on the local disk,
   through tensorstore on every core, and to read them back into a file: the other floors a conversion cannot
   beat, beside the I/O one (encoding for the conversion to MaxText, decoding for the reverse). Each takes its
   bytes from where the conversion finds them to where it leaves them: encoding reads the input files and writes
@@ -921,7 +920,8 @@ def main(argv: list[str]) -> None:
         # The codec's floor on the bytes the conversion writes: dequantized weights compress unlike the packed
         # FP8 input (zstd took 3x as long per byte on DeepSeek-shaped ones).
         copy_bytes = sum(os.path.getsize(f) for f in _files(copy_dir, ".safetensors"))
-        codec_floors.append(in_child(compression_floors, copy_dir, copy_bytes, FLAGS.work_dir))
+        codec_floors.append(in_child(compression_floors, copy_dir, copy_bytes, FLAGS.work_dir, 0, 1, True,
+                                     default_zstd_level(dequantizing=True)))
         copy_wall, copy_peak, _ = _run("  convert the bf16 copy", _convert_command(copy_dir, output_dir, devices),
                                        env, cgroup)
         routes.append((pass_wall, pass_peak, copy_wall, copy_peak))
@@ -946,7 +946,7 @@ def main(argv: list[str]) -> None:
   caption = (f"input {input_bytes / 1e9:.2f} GB; I/O floor (read the input + write"
              f" {output_floor_bytes / 1e9:.2f} GB, fsync) median {io:.1f} s; compression floor (the"
              f" {'dequantized copy' if quantized else f'{output_floor_bytes / 1e9:.2f} GB'} through zstd level"
-             f" {CONVERSION_ZSTD_LEVEL} (the conversions' --zstd_level) in a zarr3 array,"
+             f" {default_zstd_level(dequantizing=quantized)} (the conversions' default) in a zarr3 array,"
              f" via tensorstore on every core, from a file map by reference,"
              f" in {chunking.ChunkRule.max_chunk_bytes >> 20} MiB chunks)"
              f" median {encode:.1f} s ({encode_cpu:.1f} CPU-s), decompression (reading them back into a file, synced)"

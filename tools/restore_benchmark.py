@@ -32,7 +32,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 from absl import app, flags
 
@@ -72,16 +71,23 @@ def _shapes() -> dict:
 
 
 def _convert(hf_dir: str, out: str, model: str, ours: str, layout_flags: list[str]) -> dict:
-  """The converter binary, timed as a process (wall, peak RSS of the child)."""
+  """The converter binary, timed as a process (wall, peak RSS of its process tree)."""
   del model, ours
-  start = time.monotonic()
-  child = subprocess.Popen([sys.executable, os.path.join(ROOT, "converter", "main.py"), f"--hf_model_path={hf_dir}",
-                            f"--output_dir={out}", "--overwrite", "--noprogress", *layout_flags],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ, PYTHONPATH=ROOT))
-  _, status, usage = os.wait4(child.pid, 0)  # This child's own peak, not the restores' before it.
-  if os.waitstatus_to_exitcode(status):
-    raise RuntimeError(f"converting {hf_dir} with {layout_flags} failed (exit {os.waitstatus_to_exitcode(status)})")
-  return {"seconds": time.monotonic() - start, "peak_mib": usage.ru_maxrss / 1024}
+  seconds, peak, result = _run_sampled(
+      [sys.executable, os.path.join(ROOT, "converter", "main.py"), f"--hf_model_path={hf_dir}",
+       f"--output_dir={out}", "--overwrite", "--noprogress", *layout_flags], dict(os.environ, PYTHONPATH=ROOT))
+  if result.returncode:
+    raise RuntimeError(f"converting {hf_dir} with {layout_flags} failed (exit {result.returncode}):\n"
+                       f"{result.stderr[-3000:]}")
+  return {"seconds": seconds, "peak_mib": peak / 2**20}
+
+
+def _run_sampled(command: list[str], env: dict) -> tuple:
+  """tools/benchmark.py's `run_sampled`: the process tree's RSS sampled, not wait4's ru_maxrss, which on Linux
+  starts from the forking parent's resident size (this benchmark's own, a GiB after its bucket rows)."""
+  from tools.benchmark import run_sampled  # pylint: disable=g-import-not-at-top
+
+  return run_sampled(command, env)
 
 
 def _maxtext_env() -> dict:
@@ -103,23 +109,20 @@ def _convert_maxtext(hf_dir: str, out: str, model: str, ours: str) -> dict:
   with open(overrides, "w", encoding="utf-8") as f:
     json.dump(ConversionRecord.read(ours).maxtext_overrides, f)
   log = os.path.join(os.path.dirname(out), "to_maxtext.log")
-  start = time.monotonic()
+  seconds, peak, result = _run_sampled(
+      [FLAGS.maxtext_python, MAXTEXT_CONVERT, f"--hf_model_path={hf_dir}", f"--model_name={model}",
+       f"--overrides=@{overrides}", f"--output_dir={out}", "--overwrite"], _maxtext_env())
   with open(log, "w", encoding="utf-8") as f:
-    child = subprocess.Popen([FLAGS.maxtext_python, MAXTEXT_CONVERT, f"--hf_model_path={hf_dir}",
-                              f"--model_name={model}", f"--overrides=@{overrides}", f"--output_dir={out}",
-                              "--overwrite"], stdout=f, stderr=subprocess.STDOUT, env=_maxtext_env())
-    _, status, usage = os.wait4(child.pid, 0)
-  seconds = time.monotonic() - start
-  if os.waitstatus_to_exitcode(status):
-    raise RuntimeError(f"MaxText's to_maxtext on {hf_dir} failed (exit {os.waitstatus_to_exitcode(status)}), "
-                       f"{log}:\n{_tail(log)}")
+    f.write(result.stdout + result.stderr)
+  if result.returncode:
+    raise RuntimeError(f"MaxText's to_maxtext on {hf_dir} failed (exit {result.returncode}), {log}:\n{_tail(log)}")
   check = subprocess.run([FLAGS.maxtext_python, MAXTEXT_CONVERT, "--noconvert", f"--output_dir={out}",
                           f"--compare_with={ours}"], capture_output=True, text=True, env=_maxtext_env(), check=False)
   if check.returncode:
     mismatches = [line for line in check.stdout.splitlines() if line.startswith("TREE MISMATCH")]
     raise RuntimeError(f"MaxText's to_maxtext output {out} is not the tree of {ours} (exit {check.returncode}):\n"
                        + "\n".join(mismatches or check.stderr.splitlines()[-15:]))
-  return {"seconds": seconds, "peak_mib": usage.ru_maxrss / 1024}
+  return {"seconds": seconds, "peak_mib": peak / 2**20}
 
 
 def _stored_bytes(items: str) -> int:

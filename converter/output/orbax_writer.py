@@ -76,7 +76,7 @@ def save(
     add_tensorstore_resources(storage.tensorstore_resources())
     write_options = WriteOptions(max_inflight_bytes=options.max_inflight_bytes, on_block_written=on_block_written,
                                  cancel=cancel, processes=processes, claims=processes_lib.claims(processes),
-                                 compression=options.compression, zstd_level=options.zstd_level,
+                                 compression=options.compression, zstd_level=options.zstd_level or plan.zstd_level,
                                  checksums=options.checksums,
                                  early_reads=early_reads)
     checkpointer = ocp.v1.training.Checkpointer(storage.epath_of(output_dir),
