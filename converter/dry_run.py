@@ -15,8 +15,8 @@ from handlers.blocks import inner_chunk_shape, write_shape
 # until it is on disk), plus a share the writer holds whatever the budget (its thread pools' arenas, OCDBT's
 # manifest, the heap's high-water mark), plus the dequantizing reads' float32 pieces on the loader threads.
 INFLIGHT_OVERHEAD = 1.8
-WRITER_BYTES = 112 << 20
-DEQUANTIZING_READS_BYTES = 48 << 20
+WRITER_BYTES = 96 << 20
+DEQUANTIZING_READS_BYTES = 32 << 20
 
 
 def _human(n: float) -> str:

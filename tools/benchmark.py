@@ -52,6 +52,7 @@ from converter import chunking, write_behind
 from converter.plan import default_zstd_level
 from tools import synthetic_checkpoint
 from tools.ports import free_port
+from tools.process_sampling import run_sampled, tree_rss
 
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("family", "qwen3_moe", sorted(synthetic_checkpoint.FAMILIES), "Synthetic model family.")
@@ -198,16 +199,6 @@ def write_results_page(path: str, section: str) -> str:
   return path
 
 
-def _tree_rss(process: psutil.Process) -> int:
-  total = 0
-  for p in [process, *process.children(recursive=True)]:
-    try:
-      total += p.memory_info().rss
-    except psutil.Error:
-      pass
-  return total
-
-
 class MemoryCgroup:
   """A memory cgroup (v1 or v2) that commands can be started in; removed on exit."""
 
@@ -240,37 +231,6 @@ def warm(directory: str) -> None:
     with open(path, "rb", buffering=0) as f:
       while f.readinto(buffer):
         pass
-
-
-def run_sampled(command: list[str], env: dict[str, str]) -> tuple[float, int, subprocess.CompletedProcess]:
-  """Runs `command`; returns wall seconds, the peak RSS of its process tree (sampled every 20 ms), result.
-
-  Dirty pages of the previous step are written back first (os.sync), so that no step pays for the writeback of
-  the one before it (a reverse conversion started right after the forward one took 5.4 s instead of 3.4 s).
-  """
-  os.sync()
-  start = time.monotonic()
-  child = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-  peak = 0
-  done = threading.Event()
-
-  def sample():
-    nonlocal peak
-    process = psutil.Process(child.pid)
-    while not done.is_set():
-      try:
-        peak = max(peak, _tree_rss(process))
-      except psutil.Error:
-        break
-      time.sleep(0.02)
-
-  sampler = threading.Thread(target=sample, daemon=True)
-  sampler.start()
-  stdout, stderr = child.communicate()
-  wall = time.monotonic() - start
-  done.set()
-  sampler.join()
-  return wall, peak, subprocess.CompletedProcess(command, child.returncode, stdout, stderr)
 
 
 def _in_flight(calls, depth: int, on_result=lambda result: None) -> float:
@@ -568,7 +528,7 @@ def run_processes(input_dir: str, output_dir: str, count: int, cores: list[int] 
     while not done.is_set():
       for i, process in enumerate(processes):
         try:
-          peaks[i] = max(peaks[i], _tree_rss(process))
+          peaks[i] = max(peaks[i], tree_rss(process))
         except psutil.Error:
           pass
       time.sleep(0.02)
@@ -922,8 +882,11 @@ def main(argv: list[str]) -> None:
         copy_bytes = sum(os.path.getsize(f) for f in _files(copy_dir, ".safetensors"))
         codec_floors.append(in_child(compression_floors, copy_dir, copy_bytes, FLAGS.work_dir, 0, 1, True,
                                      default_zstd_level(dequantizing=True)))
-        copy_wall, copy_peak, _ = _run("  convert the bf16 copy", _convert_command(copy_dir, output_dir, devices),
-                                       env, cgroup)
+        # At the direct conversion's level: the copy is bf16, which the converter would otherwise store at the
+        # level of weights read as trained, and the route would store more bytes than the conversion it is against.
+        copy_command = _convert_command(copy_dir, output_dir, devices,
+                                        f"--zstd_level={default_zstd_level(dequantizing=True)}")
+        copy_wall, copy_peak, _ = _run("  convert the bf16 copy", copy_command, env, cgroup)
         routes.append((pass_wall, pass_peak, copy_wall, copy_peak))
         shutil.rmtree(copy_dir, ignore_errors=True)
     rows.append((devices, statistics.median(walls), statistics.median(peaks), out_bytes,

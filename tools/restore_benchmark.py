@@ -39,6 +39,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
+from tools.process_sampling import run_sampled  # pylint: disable=g-import-not-at-top,wrong-import-position
+
 FLAGS = flags.FLAGS
 flags.DEFINE_string("maxtext_python", os.path.join(ROOT, ".mtvenv", "bin", "python"), "Python with maxtext==0.2.5.")
 flags.DEFINE_integer("processes", 4, "Simulated hosts.")
@@ -73,21 +75,13 @@ def _shapes() -> dict:
 def _convert(hf_dir: str, out: str, model: str, ours: str, layout_flags: list[str]) -> dict:
   """The converter binary, timed as a process (wall, peak RSS of its process tree)."""
   del model, ours
-  seconds, peak, result = _run_sampled(
+  seconds, peak, result = run_sampled(
       [sys.executable, os.path.join(ROOT, "converter", "main.py"), f"--hf_model_path={hf_dir}",
        f"--output_dir={out}", "--overwrite", "--noprogress", *layout_flags], dict(os.environ, PYTHONPATH=ROOT))
   if result.returncode:
     raise RuntimeError(f"converting {hf_dir} with {layout_flags} failed (exit {result.returncode}):\n"
                        f"{result.stderr[-3000:]}")
   return {"seconds": seconds, "peak_mib": peak / 2**20}
-
-
-def _run_sampled(command: list[str], env: dict) -> tuple:
-  """tools/benchmark.py's `run_sampled`: the process tree's RSS sampled, not wait4's ru_maxrss, which on Linux
-  starts from the forking parent's resident size (this benchmark's own, a GiB after its bucket rows)."""
-  from tools.benchmark import run_sampled  # pylint: disable=g-import-not-at-top
-
-  return run_sampled(command, env)
 
 
 def _maxtext_env() -> dict:
@@ -109,7 +103,7 @@ def _convert_maxtext(hf_dir: str, out: str, model: str, ours: str) -> dict:
   with open(overrides, "w", encoding="utf-8") as f:
     json.dump(ConversionRecord.read(ours).maxtext_overrides, f)
   log = os.path.join(os.path.dirname(out), "to_maxtext.log")
-  seconds, peak, result = _run_sampled(
+  seconds, peak, result = run_sampled(
       [FLAGS.maxtext_python, MAXTEXT_CONVERT, f"--hf_model_path={hf_dir}", f"--model_name={model}",
        f"--overrides=@{overrides}", f"--output_dir={out}", "--overwrite"], _maxtext_env())
   with open(log, "w", encoding="utf-8") as f:
