@@ -12,8 +12,10 @@ its default mesh every `embed`-like axis goes to `fsdp`. So chunks are cut along
   default rules, one layer and one expert each: worst case one read of each byte on that mesh.
 
 The cut is stored as zarr3 inner chunks inside the write blocks (one OCDBT value per block, as before), so
-streaming and memory are unchanged. `predicted_amplification` computes what a mesh reads from any chunk grid,
-from metadata alone.
+streaming and memory are unchanged, each block's chunks ordered with the mesh's axes outermost (`chunk_order`) so
+that one host's part of a block is one run of bytes, which a bucket restore fetches in one request.
+`predicted_amplification` and `bucket_requests` compute what a mesh reads, and in how many requests, from any
+stored grid, from metadata alone.
 """
 
 from __future__ import annotations
