@@ -8,7 +8,6 @@ encoded other bytes than the input's, or copied them where a conversion does not
 
 import datetime
 import os
-import tempfile
 from unittest import mock
 
 import numpy as np
@@ -130,7 +129,7 @@ class ResultsPageTest(absltest.TestCase):
     self.assertLess(page.index("## 2026-12-03"), page.index("Notes written by hand."))
 
   def test_write_results_page_resolves_relative_paths_from_the_workspace(self):
-    workspace = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
+    workspace = self.create_tempdir().full_path
     with mock.patch.dict(os.environ, {"BUILD_WORKSPACE_DIRECTORY": workspace}):
       written = benchmark.write_results_page("docs/benchmark-results.md", self._section())
       benchmark.write_results_page("docs/benchmark-results.md", self._section(started=_STARTED.replace(day=4)))
