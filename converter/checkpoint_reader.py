@@ -86,6 +86,8 @@ class OpenArray:
     self.array = array
     self._reader = reader
     self._store = store
+    # The order the stored chunks' elements lie in (C order unless the writer kept its sources' layout).
+    self._inner_order = tuple(store.chunk_layout.inner_order or range(len(array.shape)))
 
   def read(self, index: Index) -> np.ndarray:
     """`array[index]` as a fresh ndarray laid out as the stored chunks' elements are (C order unless the writer
@@ -102,10 +104,6 @@ class OpenArray:
           f"{self._reader.items_path}: reading leaf {'/'.join(self.array.path)} at {_show(index)} failed: {e}"
       ) from e
     return np.transpose(value, np.argsort(order))
-
-  @property
-  def _inner_order(self) -> tuple[int, ...]:
-    return tuple(self._store.chunk_layout.inner_order or range(len(self.array.shape)))
 
 
 def _kept_order(inner_order: Sequence[int], index: Index, rank: int) -> list[int] | None:

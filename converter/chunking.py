@@ -279,14 +279,19 @@ def predicted_amplification(leaves: Sequence[StoredLeaf], mesh: Sequence[tuple[s
   return dedup / max(1, stored), worst / max(1, stored)
 
 
+def _busiest(per_leaf: Iterable[list[int]]) -> int:
+  """The largest of the hosts' totals, given each leaf's count per host."""
+  per_host: list[int] = []
+  for counts in per_leaf:
+    per_host = [a + b for a, b in itertools.zip_longest(per_host, counts, fillvalue=0)]
+  return max(per_host, default=0)
+
+
 def predicted_requests(leaves: Sequence[StoredLeaf], mesh: Sequence[tuple[str, int]],
                        devices_per_host: int = DEVICES_PER_HOST) -> int:
   """The read calls of the busiest host restoring `leaves` on `mesh` (see `read_requests`)."""
-  per_host: list[int] = []
-  for leaf in leaves:
-    reads = read_requests(leaf.shape, leaf.chunk, leaf.logical_axes, mesh, devices_per_host)
-    per_host = [a + b for a, b in itertools.zip_longest(per_host, reads, fillvalue=0)]
-  return max(per_host, default=0)
+  return _busiest(read_requests(leaf.shape, leaf.chunk, leaf.logical_axes, mesh, devices_per_host)
+                  for leaf in leaves)
 
 
 def bucket_requests(leaf: StoredLeaf, mesh: Sequence[tuple[str, int]],
@@ -299,19 +304,14 @@ def bucket_requests(leaf: StoredLeaf, mesh: Sequence[tuple[str, int]],
   docs/loading-on-a-pod.md."""
   block = leaf.block or leaf.chunk
   per_block = 1 if tuple(block) == tuple(leaf.chunk) else 2
-  count = lambda box: math.prod(len(r) for r in box)
-  return [per_block * _union(list(set(indices.values())), count)
-          for indices in _host_boxes(leaf.shape, block, leaf.logical_axes, mesh, devices_per_host)]
+  # The blocks a host touches are counted as `read_requests` counts chunks, with the blocks as the grid.
+  return [per_block * blocks for blocks in read_requests(leaf.shape, block, leaf.logical_axes, mesh, devices_per_host)]
 
 
 def predicted_bucket_requests(leaves: Sequence[StoredLeaf], mesh: Sequence[tuple[str, int]],
                               devices_per_host: int = DEVICES_PER_HOST) -> int:
   """The busiest host's bucket requests restoring `leaves` on `mesh` (see `bucket_requests`)."""
-  per_host: list[int] = []
-  for leaf in leaves:
-    requests = bucket_requests(leaf, mesh, devices_per_host)
-    per_host = [a + b for a, b in itertools.zip_longest(per_host, requests, fillvalue=0)]
-  return max(per_host, default=0)
+  return _busiest(bucket_requests(leaf, mesh, devices_per_host) for leaf in leaves)
 
 
 def pre_sharded(leaves: Sequence[StoredLeaf], mesh: Sequence[tuple[str, int]]) -> list[StoredLeaf]:

@@ -8,7 +8,7 @@ file, the commit future), nor an option for the codecs of a stored array: `ocp.v
 module is the only file to change.
 """
 
-from typing import Awaitable
+from typing import Awaitable, Callable
 
 from orbax.checkpoint._src.futures import future as _future
 from orbax.checkpoint._src.path import async_path as _async_path
@@ -77,30 +77,28 @@ def with_chunk_checksums(metadata: dict) -> dict:
   read (any reader of the zarr3 spec, stock Orbax and MaxText included) and refuses a mismatch. zstd's own costs
   less than a crc32c codec after it (measured: docs/troubleshooting.md). It is a property of the codec chain, not
   of the chunk grid: every chunk of every grid carries one."""
-  codecs = metadata.get("codecs") or []
-  if codecs and codecs[0].get("name") == "sharding_indexed":
-    configuration = codecs[0]["configuration"]
-    codecs = [{**codecs[0], "configuration": {**configuration, "codecs": _checksummed(configuration["codecs"])}},
-              *codecs[1:]]
-  else:
-    codecs = _checksummed(codecs)
-  return {**metadata, "codecs": codecs}
+  return _with_chunk_codecs(metadata, _checksummed)
 
 
 def with_zstd_level(metadata: dict, level: int) -> dict:
   """zarr3 array `metadata` whose zstd codec (inside the `sharding_indexed` codec where there is one) compresses
   at `level`."""
+  return _with_chunk_codecs(metadata, lambda codecs: [
+      {**codec, "configuration": {**codec.get("configuration", {}), "level": level}}
+      if codec.get("name") == "zstd" else codec for codec in codecs])
 
-  def leveled(codecs: list[dict]) -> list[dict]:
-    return [{**codec, "configuration": {**codec.get("configuration", {}), "level": level}}
-            if codec.get("name") == "zstd" else codec for codec in codecs]
 
+def _with_chunk_codecs(metadata: dict, rewrite: Callable[[list[dict]], list[dict]]) -> dict:
+  """zarr3 array `metadata` with the codec chain each stored chunk is encoded with rewritten: the one inside the
+  `sharding_indexed` codec where there is one, else the array's own."""
   codecs = metadata.get("codecs") or []
   if codecs and codecs[0].get("name") == "sharding_indexed":
     configuration = codecs[0]["configuration"]
-    codecs = [{**codecs[0], "configuration": {**configuration, "codecs": leveled(configuration["codecs"])}},
+    codecs = [{**codecs[0], "configuration": {**configuration, "codecs": rewrite(configuration["codecs"])}},
               *codecs[1:]]
-  return {**metadata, "codecs": leveled(codecs)}
+  else:
+    codecs = rewrite(codecs)
+  return {**metadata, "codecs": codecs}
 
 
 def _zarr3_metadata(global_shape, chunk_shape, use_compression: bool) -> dict:

@@ -905,6 +905,8 @@ def main(argv: list[str]) -> None:
   io = statistics.median(floors)
   encode, decode, encode_cpu, decode_cpu = (median(codec_floors, k) for k in range(4))
   copy_cpu = median(copy_floors, 1)
+  # Each direction's CPU floors: the codec's, and the transpose floor (the codec's plus a plain copy).
+  to_maxtext_floors, back_floors = (encode_cpu, encode_cpu + copy_cpu), (decode_cpu, decode_cpu + copy_cpu)
   start_up = start_up_cost(3)
   caption = (f"input {input_bytes / 1e9:.2f} GB; I/O floor (read the input + write"
              f" {output_floor_bytes / 1e9:.2f} GB, fsync) median {io:.1f} s; compression floor (the"
@@ -914,8 +916,8 @@ def main(argv: list[str]) -> None:
              f" in {chunking.ChunkRule.max_chunk_bytes >> 20} MiB chunks)"
              f" median {encode:.1f} s ({encode_cpu:.1f} CPU-s), decompression (reading them back into a file, synced)"
              f" {decode:.1f} s ({decode_cpu:.1f} CPU-s); transpose floor (the codec's CPU-s plus a plain copy of the"
-             f" {transposed / 1e9:.2f} GB the conversion transposes, {copy_cpu:.2f} CPU-s) {encode_cpu + copy_cpu:.1f}"
-             f" CPU-s to MaxText, {decode_cpu + copy_cpu:.1f} back; start-up"
+             f" {transposed / 1e9:.2f} GB the conversion transposes, {copy_cpu:.2f} CPU-s) {to_maxtext_floors[1]:.1f}"
+             f" CPU-s to MaxText, {back_floors[1]:.1f} back; start-up"
              f" (the bundled tiny checkpoint) {start_up.wall:.2f} s ({start_up.cpu:.2f} CPU-s), its first block read"
              f" {start_up.first_read:.2f} s after the process started; back to HuggingFace {start_up.reverse_wall:.2f} s"
              f" ({start_up.reverse_cpu:.2f} CPU-s)")
@@ -924,24 +926,24 @@ def main(argv: list[str]) -> None:
   # checkpoint of a few GB it is a fifth of the floor, on one of a TB nothing. CPU seconds say which wall is bound
   # by work (CPU near cores x wall: only less work per byte helps) and which by waiting (cores left idle).
   table_rows = [_row(f"{FLAGS.family} -> MaxText", devices, wall, peak, out_bytes, input_bytes, io, encode,
-                     forward_start_up, cpu=(cpu, encode_cpu, encode_cpu + copy_cpu), predicted_peak=predicted)
+                     forward_start_up, cpu=(cpu, *to_maxtext_floors), predicted_peak=predicted)
                 for devices, wall, peak, out_bytes, _, cpu, predicted in rows]
   if reverse_rows:
     reverse_io = statistics.median(reverse_floors)
     table_rows += [_row("MaxText -> HuggingFace", devices, wall, peak, back_bytes, back_bytes, reverse_io, decode,
-                        reverse_start_up, cpu=(cpu, decode_cpu, decode_cpu + copy_cpu))
+                        reverse_start_up, cpu=(cpu, *back_floors))
                    for devices, wall, peak, back_bytes, cpu in reverse_rows]
   table_rows += [_row(f"{FLAGS.family} -> MaxText, a rank-{FLAGS.lora_rank} LoRA adapter merged", devices, wall, peak,
-                     out_bytes, input_bytes, io, encode, forward_start_up, cpu=(cpu, encode_cpu, encode_cpu + copy_cpu),
+                     out_bytes, input_bytes, io, encode, forward_start_up, cpu=(cpu, *to_maxtext_floors),
                      predicted_peak=predicted)
                  for devices, wall, peak, cpu, out_bytes, predicted in lora_rows]
   table_rows += [_row(f"{FLAGS.family} -> MaxText, {' '.join(FLAGS.variant_flags)}", devices, wall, peak, out_bytes,
-                      input_bytes, io, encode, forward_start_up, cpu=(cpu, encode_cpu, encode_cpu + copy_cpu))
+                      input_bytes, io, encode, forward_start_up, cpu=(cpu, *to_maxtext_floors))
                  for devices, wall, peak, cpu, out_bytes in variant_rows]
   if variant_reverse_rows:
     table_rows += [_row(f"MaxText -> HuggingFace, from {' '.join(FLAGS.variant_flags)}", devices, wall, peak,
                         back_bytes, back_bytes, reverse_io, decode, reverse_start_up,
-                        cpu=(cpu, decode_cpu, decode_cpu + copy_cpu))
+                        cpu=(cpu, *back_floors))
                    for devices, wall, peak, cpu, back_bytes in variant_reverse_rows]
   if native_rows:
     native_floor = statistics.median(native_floors)

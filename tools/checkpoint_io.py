@@ -41,7 +41,11 @@ def restore_v1(items_path: str, like: Any) -> dict[str, Any]:
 def restore_mesh(platform: str | None = None) -> jax.sharding.Mesh:
   """MaxText's mesh over this host's devices of `platform` (default: JAX's default backend), as MaxText builds it
   by default (ici_fsdp_parallelism=-1): every device on `fsdp`, every other axis of size 1."""
-  devices = jax.local_devices(backend=platform or jax.default_backend())
+  return fsdp_mesh(jax.local_devices(backend=platform or jax.default_backend()))
+
+
+def fsdp_mesh(devices: Sequence[Any]) -> jax.sharding.Mesh:
+  """MaxText's default mesh over `devices`: every one on `fsdp`, every other axis of size 1."""
   shape = tuple(len(devices) if axis == "fsdp" else 1 for axis in chunking.MESH_AXES)
   return jax.sharding.Mesh(np.asarray(devices).reshape(shape), chunking.MESH_AXES)
 

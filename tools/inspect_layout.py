@@ -4,8 +4,9 @@
 
 For each mesh (MaxText's mesh axis names; hosts of --devices_per_host consecutive devices), the bytes all hosts
 read under Orbax's restore (each host decodes every stored chunk its device shards touch, whole) over the bytes
-stored: "dedup" when a host reads each such chunk once, "worst" when once per distinct shard index; and the read
-calls of the busiest host (one per stored chunk it touches), beside a checkpoint pre-sharded for that mesh. Leaves'
+stored: "dedup" when a host reads each such chunk once, "worst" when once per distinct shard index; and the
+busiest host's requests to a bucket and read calls on a local disk, beside a checkpoint pre-sharded for that mesh
+(converter/chunking.restore_lines). Leaves'
 logical axes come from the conversion record, or for a checkpoint MaxText wrote, from converter/logical_axes.py.
 It also says whether every stored chunk carries a checksum.
 """

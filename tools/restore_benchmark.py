@@ -32,6 +32,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from typing import Callable
 
 from absl import app, flags
 
@@ -128,57 +129,56 @@ def _restore(items: str, model: str, mesh: str, ours: str) -> tuple[int, float]:
   """(bytes all processes read, slowest process's seconds) of MaxText restoring `items` on `mesh`, with the
   overrides recorded in `items` (our layouts) or else in `ours` (MaxText's own output records none)."""
   from converter.output.record import ConversionRecord  # pylint: disable=g-import-not-at-top
-  from tools.ports import free_port  # pylint: disable=g-import-not-at-top
 
   overrides = os.path.join(os.path.dirname(items), "overrides.json")
   with open(overrides, "w", encoding="utf-8") as f:
     json.dump(ConversionRecord.read(items).maxtext_overrides or ConversionRecord.read(ours).maxtext_overrides, f)
-  env = _maxtext_env()
+  results = _process_group(
+      f"MaxText restore of {items} on {mesh}",
+      lambda i: [FLAGS.maxtext_python, RESTORE, f"--checkpoint={items}", f"--model_name={model}",
+                 f"--overrides=@{overrides}", f"--mesh={mesh}"],
+      lambda i: _maxtext_env())
+  return sum(r["rchar"] for r in results), max(r["seconds"] for r in results)
+
+
+def _process_group(what: str, command: Callable[[int], list[str]], env: Callable[[int], dict]) -> list[dict]:
+  """--processes processes joined by jax.distributed on 127.0.0.1 (process i runs `command(i)` plus the flags
+  that join it, in `env(i)`); the JSON result line each printed."""
+  from tools.ports import free_port  # pylint: disable=g-import-not-at-top
+
   address = f"127.0.0.1:{free_port()}"
   children = [subprocess.Popen(
-      [FLAGS.maxtext_python, RESTORE, f"--checkpoint={items}", f"--model_name={model}", f"--overrides=@{overrides}",
-       f"--mesh={mesh}", f"--process_id={i}", f"--num_processes={FLAGS.processes}",
+      [*command(i), f"--process_id={i}", f"--num_processes={FLAGS.processes}",
        f"--devices_per_process={FLAGS.devices_per_process}", f"--coordinator={address}"],
-      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env) for i in range(FLAGS.processes)]
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(i)) for i in range(FLAGS.processes)]
   results = []
   for child in children:
-    out, _ = child.communicate(timeout=900)
+    out, err = child.communicate(timeout=900)
     if child.returncode:
-      raise RuntimeError(f"MaxText restore of {items} on {mesh} failed (exit {child.returncode})")
+      raise RuntimeError(f"{what} failed (exit {child.returncode}):\n{err[-3000:]}")
     # The JSON line, read up to its end: something else on the same stdout (the runtime's own logging) can end
     # up on that line (seen once: "Extra data" after the object).
     starts = [line[line.index('{"process"'):] for line in out.splitlines() if '{"process"' in line]
     if not starts:
-      raise RuntimeError(f"MaxText restore of {items} on {mesh} printed no result:\n{out[-2000:]}")
+      raise RuntimeError(f"{what} printed no result:\n{out[-2000:]}")
     results.append(json.JSONDecoder().raw_decode(starts[-1])[0])
-  return sum(r["rchar"] for r in results), max(r["seconds"] for r in results)
+  return results
 
 
 def _sharded_restore(items: str, logical_axes_from: str, env: dict, proxies: list | None = None,
                      save_to: str | None = None) -> float:
   """Stock Orbax v1 restoring `items` as MaxText's loader does, in --processes processes (tools/sharded_restore.py),
   process i's bucket requests through `proxies[i]`; the slowest process's seconds."""
-  from tools.ports import free_port  # pylint: disable=g-import-not-at-top
+  def child_env(i: int) -> dict:
+    through_proxy = {"TENSORSTORE_GCS_HTTP_URL": proxies[i].url} if proxies else {}
+    return dict(env, PYTHONPATH=ROOT, **through_proxy)
 
-  address = f"127.0.0.1:{free_port()}"
-  children = []
-  for i in range(FLAGS.processes):
-    child_env = dict(env, PYTHONPATH=ROOT)
-    if proxies:
-      child_env["TENSORSTORE_GCS_HTTP_URL"] = proxies[i].url
-    children.append(subprocess.Popen(
-        [sys.executable, SHARDED_RESTORE, f"--checkpoint={items}", f"--logical_axes_from={logical_axes_from}",
-         f"--process_id={i}", f"--num_processes={FLAGS.processes}", f"--devices_per_process={FLAGS.devices_per_process}",
-         f"--coordinator={address}", *([f"--save_to={save_to}"] if save_to else [])],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env))
-  seconds = []
-  for child in children:
-    out, err = child.communicate(timeout=900)
-    lines = [line for line in out.splitlines() if line.startswith('{"process"')]
-    if child.returncode or not lines:
-      raise RuntimeError(f"restoring {items} failed (exit {child.returncode}):\n{err[-3000:]}")
-    seconds.append(json.loads(lines[-1])["seconds"])
-  return max(seconds)
+  results = _process_group(
+      f"restoring {items}",
+      lambda i: [sys.executable, SHARDED_RESTORE, f"--checkpoint={items}", f"--logical_axes_from={logical_axes_from}",
+                 *([f"--save_to={save_to}"] if save_to else [])],
+      child_env)
+  return max(r["seconds"] for r in results)
 
 
 def _saved_items(step: str) -> str:

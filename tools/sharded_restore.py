@@ -36,10 +36,8 @@ def main(argv: list[str]) -> None:
   os.environ["JAX_PLATFORMS"] = "cpu"
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   import jax  # pylint: disable=import-outside-toplevel
-  import numpy as np  # pylint: disable=import-outside-toplevel
   import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
 
-  from converter import chunking  # pylint: disable=import-outside-toplevel
   from converter import storage  # pylint: disable=import-outside-toplevel
   from tools import checkpoint_io  # pylint: disable=import-outside-toplevel
 
@@ -47,9 +45,7 @@ def main(argv: list[str]) -> None:
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
   jax.distributed.initialize(coordinator_address=FLAGS.coordinator, num_processes=FLAGS.num_processes,
                              process_id=FLAGS.process_id)
-  devices = jax.devices()
-  shape = tuple(len(devices) if axis == "fsdp" else 1 for axis in chunking.MESH_AXES)
-  mesh = jax.sharding.Mesh(np.asarray(devices).reshape(shape), chunking.MESH_AXES)
+  mesh = checkpoint_io.fsdp_mesh(jax.devices())  # Every process's devices.
   abstract = checkpoint_io.sharded_abstract_tree(FLAGS.checkpoint, mesh,
                                                  logical_axes_from=FLAGS.logical_axes_from)
   start = time.monotonic()
