@@ -95,6 +95,11 @@ def parse_model_config(raw: Any, path: str) -> ModelConfig:
   hidden = _positive_int(merged, "hidden_size", path)
   heads = _positive_int(merged, "num_attention_heads", path)
   head_dim = merged.get("head_dim")
+  latent = [merged.get(k) for k in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim")]
+  if head_dim is None and all(latent):
+    # Multi-head latent attention sizes its heads itself (DeepSeek V2/V3, Kimi K2): a query or key head is its
+    # unrotated part plus its rotated part, whatever hidden_size / heads is.
+    head_dim = _positive_int(merged, "qk_nope_head_dim", path) + _positive_int(merged, "qk_rope_head_dim", path)
   if head_dim is None:
     if hidden % heads:
       raise ConversionError(f"{path}: no 'head_dim' and hidden_size {hidden} is not divisible by {heads} heads")

@@ -44,6 +44,13 @@ class ParseModelConfigTest(parameterized.TestCase):
   def test_an_explicit_head_dim_wins_over_the_derived_one(self):
     self.assertEqual(parse_model_config(_with(head_dim=40), _PATH).head_dim, 40)
 
+  def test_latent_attention_sizes_its_heads_whatever_hidden_over_heads_is(self):
+    """Kimi K2-shaped: hidden 224 over 6 heads is not whole; MLA's query/key head is nope + rope."""
+    raw = _with(hidden_size=224, num_attention_heads=6, kv_lora_rank=48, qk_nope_head_dim=24, qk_rope_head_dim=16)
+    self.assertEqual(parse_model_config(raw, _PATH).head_dim, 40)
+    with self.assertRaisesRegex(ConversionError, "hidden_size 224 is not divisible by 6 heads"):
+      parse_model_config(_with(hidden_size=224, num_attention_heads=6, kv_lora_rank=48, qk_nope_head_dim=24), _PATH)
+
   @parameterized.named_parameters(
       ("top_level", {"rope_theta": 5e5}, 5e5),
       ("rope_parameters", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e6}}, 1e6),

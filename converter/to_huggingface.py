@@ -64,8 +64,8 @@ QUANTIZATION_KEYS = ("quantization_config", "expert_dtype")
 def written_config(plan: ReversePlan) -> dict[str, Any]:
   """The original config.json with its dtype set to the dtype the tensors are written in, and no
   quantization_config (nor DeepSeek V4's top-level `expert_dtype`, part of it): whatever the original stored
-  quantized comes back dequantized."""
-  config = {k: v for k, v in plan.hf_config.items() if k not in QUANTIZATION_KEYS}
+  quantized comes back dequantized. The family may rewrite the rest (`Family.config_back`)."""
+  config = plan.family.config_back({k: v for k, v in plan.hf_config.items() if k not in QUANTIZATION_KEYS})
   config["dtype"] = plan.dtype.name  # transformers 5 reads `dtype`, transformers 4 `torch_dtype`.
   config["torch_dtype"] = plan.dtype.name
   text = config.get("text_config")

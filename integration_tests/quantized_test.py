@@ -4,7 +4,8 @@ A tiny DeepSeek V3 gets FP8 block scales of 48x40 values (non-square, with parti
 most weights: 192 / 40, 64 / 40, 256 / 48 ...), a tiny GPT-OSS gets MXFP4 experts, a tiny Qwen3.5 FP8 blocks of
 32x32 with BF16 scales (tools/tiny_models.py `qwen3_5_fp8`). Each conversion must equal, bit for bit, the
 conversion of the same weights dequantized by an independent numpy reference (tools/quantize.py) and saved as
-plain float32; its logits must match transformers run on those dequantized weights; `--dry_run` names the storage
+plain float32; its logits must match transformers run on those dequantized weights; Kimi K2-Thinking and K2.5
+ship their routed experts INT4 in compressed-tensors' format (written by compressed-tensors itself); `--dry_run` names the storage
 formats; the reverse direction gives back the dequantized weights; and a quantized checkpoint the converter cannot
 read is refused with the tensor and the reason. `--keep_fp8` (MaxText's native fp8 model) must give FP8 kernels
 whose MaxText dequantization is the dequantized conversion, bit for bit, and refuse what MaxText's fp8 tree cannot
@@ -218,24 +219,29 @@ def _zstd_levels(items: str) -> set[int]:
           for codec in reader.chunk_codecs(array) if codec["name"] == "zstd"}
 
 
+def variant(fmt: str, *, config_change=None, drop: str | None = None, replace=None) -> str:
+  """The `fmt` model's quantized checkpoint with its config changed, a stored tensor dropped or replaced."""
+  quantized, _, _ = quantized_model(fmt)
+  with open(os.path.join(quantized, "config.json")) as f:
+    config = json.load(f)
+  tensors = quantize.load_tensors(quantized)
+  if config_change:
+    config_change(config)
+  if drop:
+    del tensors[drop]
+  if replace:
+    tensors.update(replace)
+  path = harness.scratch_dir("bad-quantized-")
+  write_safetensors(os.path.join(path, "model.safetensors"), tensors)
+  with open(os.path.join(path, "config.json"), "w") as f:
+    json.dump(config, f)
+  return path
+
+
 class QuantizedBadInputTest(absltest.TestCase):
 
-  def variant(self, fmt: str, *, config_change=None, drop: str | None = None, replace=None) -> str:
-    quantized, _, _ = quantized_model(fmt)
-    with open(os.path.join(quantized, "config.json")) as f:
-      config = json.load(f)
-    tensors = quantize.load_tensors(quantized)
-    if config_change:
-      config_change(config)
-    if drop:
-      del tensors[drop]
-    if replace:
-      tensors.update(replace)
-    path = harness.scratch_dir("bad-quantized-")
-    write_safetensors(os.path.join(path, "model.safetensors"), tensors)
-    with open(os.path.join(path, "config.json"), "w") as f:
-      json.dump(config, f)
-    return path
+  def variant(self, fmt: str, **changes) -> str:
+    return variant(fmt, **changes)
 
   def assert_refused(self, model_dir: str, *expected: str) -> None:
     harness.assert_refused(self, model_dir, *expected)
@@ -358,6 +364,76 @@ class Deepseek4QuantizedTest(parameterized.TestCase):
     self.assertIn("skipped 797 tensor(s) (mtp.0.", result.stdout + result.stderr)
 
 
+class KimiInt4Test(parameterized.TestCase):
+  """Kimi K2-Thinking and K2.5 / K2.6 as they ship (tools/tiny_models.py `kimi_k2`, `kimi_k25`: routed experts INT4
+  in compressed-tensors' pack-quantized format, written by compressed-tensors itself, groups of 16 with BF16 scales
+  spread over 2^-2..2^3; K2.5's text model under `language_model.` beside a vision tower); their logits at devices
+  {1, 16} x scan {on, off} are in families_test, through MaxText in the interop step."""
+
+  @parameterized.parameters(("kimi_k2", "bfloat16"), ("kimi_k25", "float32"))
+  def test_leaves_equal_compressed_tensors_unpacking_times_the_scales(self, model, save_dtype):
+    # Codes times scales in float32, rounded once: the bytes of converting the float32 reference. In bfloat16 that
+    # rounding changes a third of the experts' values (MaxText's own dequantizer rounds the product before it).
+    quantized, reference_dir, _ = quantized_model(model)
+    flags = (f"--save_dtype={save_dtype}", "--simulated_cpu_devices_count=1", "--target_model=kimi-k2-1t")
+    ours, expected = convert(quantized, *flags), convert(reference_dir, *flags)
+    self.assertEqual(checkpoint_io.trees_bit_identical(checkpoint_io.restore_v0(ours),
+                                                       checkpoint_io.restore_v0(expected)), [])
+    self.assertEqual(ConversionRecord.read(ours).quant_method, "compressed-tensors")
+    self.assertEqual(_zstd_levels(ours), {3})
+
+  def test_dry_run_names_the_format_and_the_skipped_vision_tower(self):
+    quantized, _, _ = quantized_model("kimi_k25")
+    out = os.path.join(harness.scratch_dir("dry-"), "out")
+    result = harness.run_converter(f"--hf_model_path={quantized}", f"--output_dir={out}", "--dry_run")
+    self.assertIn("-> MaxText kimi-k2", result.stdout)
+    self.assertIn("90 int4 pack-quantized, groups of 16 scales (I32 x BF16)", result.stdout)  # 3 layers x 10 x 3.
+    self.assertIn("compressed-tensors weights dequantized while streaming", result.stdout)
+    warnings = result.stdout + result.stderr
+    self.assertIn("skipped 29 tensor(s) (vision_tower.", warnings)
+    self.assertIn("MaxText 0.2.5's kimi-k2-1t is text only", warnings)
+    self.assertIn("skipped 6 tensor(s) (mm_projector.", warnings)
+    self.assertFalse(os.path.exists(out))
+
+  @parameterized.parameters("kimi_k2", "kimi_k25")
+  def test_back_to_huggingface_is_the_dequantized_text_model_transformers_loads(self, model):
+    quantized, reference_dir, reference = quantized_model(model)
+    items = convert(quantized, "--save_dtype=float32", "--simulated_cpu_devices_count=16", "--scan_layers=true",
+                    "--target_model=kimi-k2-1t")
+    back = os.path.join(harness.scratch_dir("back-"), "hf")
+    result = harness.run_converter("--direction=to_huggingface", f"--checkpoint_path={items}", f"--output_dir={back}")
+    self.assertIn("come back dequantized", result.stderr + result.stdout)
+    tensors = load_file(os.path.join(back, "model.safetensors"))
+    expected = {n: v for n, v in load_file(os.path.join(reference_dir, "model.safetensors")).items()
+                if not n.startswith(("vision_tower.", "mm_projector."))}
+    self.assertEqual(sorted(tensors), sorted(expected))
+    for name, value in expected.items():
+      self.assertEqual(tensors[name].tobytes(), value.tobytes(), name)
+    with open(os.path.join(back, "config.json")) as f:
+      written = json.load(f)
+    text = written.get("text_config", written)
+    self.assertNotIn("quantization_config", text)
+    # K2-Thinking's remote-code model type becomes the one transformers runs it as; K2.5 keeps its wrapper,
+    # whose config transformers reads natively (its tower, not written, is left initialised).
+    self.assertEqual((written["model_type"], "auto_map" in written),
+                     ("deepseek_v3", False) if model == "kimi_k2" else ("kimi_k25", False))
+    logits = validate_lib.reference_logits(back, validate_lib.token_ids(419, 2, 32, 0))
+    np.testing.assert_allclose(logits, reference, atol=1e-5, rtol=0)
+
+  def test_malformed_int4_tensors_and_unknown_schemes_are_refused_by_name(self):
+    module = "model.layers.2.mlp.experts.7.down_proj"
+    cases = (
+        (dict(replace={f"{module}.weight_shape": np.array([224, 200], np.int32)}),
+         (f"{module}.weight_shape", "[224, 200]", "(224, 12)", "would be (224, 25)")),
+        (dict(drop=f"{module}.weight_scale"), (f"{module}.weight_packed", "has no", "weight_scale")),
+        (dict(config_change=lambda c: c["quantization_config"]["config_groups"]["group_0"]["weights"].update(
+            strategy="tensor_group")), ("config_groups.group_0.weights.strategy 'tensor_group'", "config.json")),
+    )
+    for change, expected in cases:
+      with self.subTest(expected[0]):
+        harness.assert_refused(self, variant("kimi_k2", **change), *expected)
+
+
 # The cases that share a quantized model run in one shard (each built, dequantized and run through transformers
 # once): the matrix cells by the format in their name, the others by the model they read.
 SHARD_GROUPS = harness.model_group(
@@ -374,6 +450,13 @@ SHARD_GROUPS = harness.model_group(
          "test_dry_run_names_the_formats_and_keep_fp8_is_refused", "test_deepseek4_packed_expert_without_its_scale",
          "test_back_to_huggingface_gives_the_dequantized_weights3",
          "test_deepseek4_packed_experts_without_expert_dtype")},
+     **{name: "kimi" for name in (
+         "test_leaves_equal_compressed_tensors_unpacking_times_the_scales0",
+         "test_leaves_equal_compressed_tensors_unpacking_times_the_scales1",
+         "test_dry_run_names_the_format_and_the_skipped_vision_tower",
+         "test_back_to_huggingface_is_the_dequantized_text_model_transformers_loads0",
+         "test_back_to_huggingface_is_the_dequantized_text_model_transformers_loads1",
+         "test_malformed_int4_tensors_and_unknown_schemes_are_refused_by_name")},
      **{name: "qwen3_5_fp8" for name in ("test_dry_run_shows_kept_fp8_leaves", "test_refused_with_the_reason",
                                          "test_maxtext_dequantization_is_the_dequantized_conversion0",
                                          "test_maxtext_dequantization_is_the_dequantized_conversion1",

@@ -13,6 +13,10 @@ checked against (nothing here is shared with converter/sources/).
   e2m1 values per byte, low nibble first) plus `.scale` (F8_E8M0 per 32 values of a row), or FP8 like the rest for
   -Base; config.json gets quantization_config {quant_method: fp8, fmt: e4m3, scale_fmt: ue8m0, weight_block_size}
   and the hub's top-level `expert_dtype`.
+  compressed-tensors INT4 (Kimi K2-Thinking, K2.5, K2.6): every routed expert `*.mlp.experts.{e}.{gate,up,down}_proj`
+  becomes `.weight_packed` / `.weight_scale` / `.weight_shape`, written by compressed-tensors' own compressor
+  (`PackedQuantizationCompressor.compress`, which imports torch: this format alone is not plain numpy), and read
+  back by its own decompressor; config.json (or its `text_config`) gets Kimi's quantization_config.
 """
 
 from __future__ import annotations
@@ -47,6 +51,10 @@ DEEPSEEK4_FP8_WEIGHTS = re.compile(r"(.*\.)?(attn\.(wq_a|wq_b|wkv|wo_a|wo_b|inde
                                    r"|[eh]_proj)\.weight$")
 DEEPSEEK4_EXPERT_WEIGHTS = re.compile(r"(.*\.)?ffn\.experts\.\d+\.w[123]\.weight$")
 DEEPSEEK4_F32_TENSORS = re.compile(r"(.*\.)?(hc_\w+|attn_sink|ape|gate\.bias)$")  # The rest ships in BF16.
+# Kimi K2-Thinking / K2.5 / K2.6: the routed experts in INT4; `KIMI_IGNORE` is the K2.5 config's list.
+KIMI_INT4_WEIGHTS = re.compile(r"(.*\.)?mlp\.experts\.\d+\.(gate|up|down)_proj\.weight$")
+KIMI_IGNORE = ["re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*", "re:.*lm_head.*",
+               "re:vision_tower.*", "re:mm_projector.*"]
 
 
 def fp8_block_quantize(w: np.ndarray, block: tuple[int, int],
@@ -191,17 +199,88 @@ def quantize_deepseek4(model_dir: str, output_dir: str, block: tuple[int, int],
   return _save(output_dir, config, out)
 
 
+def _int4_scheme(group_size: int):
+  from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme  # pylint: disable=g-import-not-at-top
+  return QuantizationScheme(targets=["Linear"], weights=QuantizationArgs(
+      num_bits=4, type="int", symmetric=True, strategy="group", group_size=group_size, observer="minmax"))
+
+
+def quantize_compressed_int4(model_dir: str, output_dir: str, block: tuple[int, int],
+                             selects: Callable[[str], bool] | None = None,
+                             scale_dtype: np.dtype = np.dtype(ml_dtypes.bfloat16), seed: int = 0) -> str:
+  """`model_dir` with the weights `selects` names (Kimi's routed experts by default) replaced by random INT4 codes
+  over all 16 values times a `scale_dtype` scale per `block[1]` inputs of a row, the scales spread over 2^-2..2^3 of
+  the weight's own magnitude (so that a scale read for the wrong group changes values), packed by
+  compressed-tensors' compressor. The other tensors are kept as they are."""
+  import torch  # pylint: disable=g-import-not-at-top
+  from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor  # pylint: disable=g-import-not-at-top
+
+  group_size = block[1]
+  scheme = _int4_scheme(group_size)
+  selects = selects or KIMI_INT4_WEIGHTS.match
+  rng = np.random.default_rng(seed)
+  config, tensors = _load(model_dir)
+  out: dict[str, np.ndarray] = {}
+  for name, tensor in tensors.items():
+    if not (selects(name) and tensor.ndim == 2):
+      out[name] = tensor
+      continue
+    rows, cols = tensor.shape
+    groups = -(-cols // group_size)
+    magnitude = float(np.abs(tensor).mean()) / 4
+    scale = (magnitude * 2.0 ** rng.integers(-2, 4, (rows, groups))).astype(scale_dtype)
+    codes = rng.integers(-8, 8, (rows, cols)).astype(np.float32)
+    weight = codes * np.repeat(scale.astype(np.float32), group_size, axis=1)[:, :cols]
+    compressed = PackedQuantizationCompressor.compress(
+        {"weight": torch.from_numpy(weight), "weight_scale": torch.from_numpy(scale.astype(np.float32)).to(
+            getattr(torch, np.dtype(scale_dtype).name))}, scheme)
+    module = name.removesuffix(".weight")
+    for key, value in compressed.items():
+      out[f"{module}.{key}"] = (value.to(torch.float32).numpy().astype(scale_dtype) if key == "weight_scale"
+                                else value.numpy())
+  quantization = {
+      "config_groups": {"group_0": {"input_activations": None, "output_activations": None, "targets": ["Linear"],
+                                    "weights": {**scheme.weights.model_dump(mode="json"), "observer_kwargs": {}}}},
+      "format": "pack-quantized", "ignore": KIMI_IGNORE, "kv_cache_scheme": None, "quant_method": "compressed-tensors",
+      "quantization_status": "compressed"}
+  (config["text_config"] if isinstance(config.get("text_config"), dict) else config)["quantization_config"] = quantization
+  return _save(output_dir, config, out)
+
+
+def _decompress_int4(tensors: Mapping[str, np.ndarray], module: str, group_size: int) -> np.ndarray:
+  """One module's codes as compressed-tensors' own unpacker reads them, times their scales in float32 (its
+  decompressor multiplies in the scales' dtype, bfloat16, which rounds 37% of Kimi's values)."""
+  import torch  # pylint: disable=g-import-not-at-top
+  from compressed_tensors.compressors.pack_quantized.helpers import unpack_from_int32  # pylint: disable=g-import-not-at-top
+
+  shape = tuple(int(d) for d in tensors[f"{module}.weight_shape"])
+  codes = unpack_from_int32(torch.from_numpy(tensors[f"{module}.weight_packed"]), 4, torch.Size(shape)).numpy()
+  scale = np.repeat(tensors[f"{module}.weight_scale"].astype(np.float32), group_size, axis=1)[:, : shape[1]]
+  return codes.astype(np.float32) * scale
+
+
 def is_quantized(model_dir: str) -> bool:
   with open(os.path.join(model_dir, "config.json")) as f:
-    return "quantization_config" in json.load(f)
+    config = json.load(f)
+  return "quantization_config" in config or "quantization_config" in (config.get("text_config") or {})
 
 
 def dequantize(model_dir: str, output_dir: str, dtype=np.float32) -> str:
   """A quantized checkpoint (either format) back to plain floating tensors in `dtype`, without
   quantization_config: what transformers runs as the reference for a quantized conversion."""
   config, tensors = _load(model_dir)
-  quantization = config.pop("quantization_config")
+  scope = config["text_config"] if "quantization_config" in config.get("text_config", {}) else config
+  quantization = scope.pop("quantization_config")
   config.pop("expert_dtype", None)
+  if quantization["quant_method"] == "compressed-tensors":
+    if config.get("model_type") == "kimi_k2":  # Remote code's name for what transformers runs as deepseek_v3.
+      config["model_type"] = "deepseek_v3"
+    group_size = quantization["config_groups"]["group_0"]["weights"]["group_size"]
+    modules = [n.removesuffix(".weight_packed") for n in tensors if n.endswith(".weight_packed")]
+    out = {n: t.astype(dtype) if t.dtype.kind == "f" or t.dtype == ml_dtypes.bfloat16 else t
+           for n, t in tensors.items() if not re.match(r".*\.weight_(packed|scale|shape)$", n)}
+    out.update((f"{m}.weight", _decompress_int4(tensors, m, group_size).astype(dtype)) for m in modules)
+    return _save(output_dir, config, out)
   block = tuple(quantization.get("weight_block_size", ()))
   scale_of = lambda n: next((s for s in (n + "_scale_inv", n.removesuffix(".weight") + ".scale") if s in tensors),
                             None)

@@ -13,6 +13,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
+from tools import weaver_checkpoint
+
 
 @dataclasses.dataclass(frozen=True)
 class Fp8Shipping:
@@ -157,6 +159,60 @@ _DEEPSEEK4_HUB_NAMES = ((r"^model\.embed_tokens\.weight$", "embed.weight"), (r"^
                         (r"^model\.", ""))
 
 
+# Kimi K2-Thinking / K2.5 / K2.6 (maxtext-contract-kimi-int4.md's tiny models): hidden 224 over 6 heads (not whole:
+# latent attention sizes its heads itself), 1 dense + 3 MoE layers, 10 experts top 3 of 96 in one routing group,
+# sigmoid routing scaled 2.827, yarn 16 with Kimi's beta 1 / 1; routed experts shipped INT4 in groups of 16 (Kimi:
+# 32), so that the 96-wide down_proj has 6 groups a row and the scales, spread over 2^-2..2^3, show a wrong axis.
+_KIMI = dict(hidden_size=224, num_hidden_layers=4, vocab_size=419, num_attention_heads=6, num_key_value_heads=6,
+             q_lora_rank=80, kv_lora_rank=48, qk_nope_head_dim=24, qk_rope_head_dim=16, v_head_dim=40,
+             intermediate_size=288, moe_intermediate_size=96, n_routed_experts=10, num_experts_per_tok=3,
+             n_shared_experts=1, first_k_dense_replace=1, routed_scaling_factor=2.827, n_group=1, topk_group=1,
+             norm_topk_prob=True, rms_norm_eps=1e-5, tie_word_embeddings=False, max_position_embeddings=4096,
+             rope_parameters={"rope_type": "yarn", "factor": 16.0, "original_max_position_embeddings": 256,
+                              "beta_fast": 1.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+                              "rope_theta": 30000.0})
+# MoonViT at reduced size: 2 blocks of hidden 32 in 2 heads, 4x4 patches; never converted (MaxText has no form).
+_KIMI_VISION = dict(patch_size=4, pos_emb_height=4, pos_emb_width=4, pos_emb_time=2, num_attention_heads=2,
+                    num_hidden_layers=2, hidden_size=32, intermediate_size=48, merge_kernel_size=[2, 2])
+_KIMI_INT4 = Fp8Shipping("KIMI_INT4_WEIGHTS", (1, 16), "bfloat16", quantizer="quantize_compressed_int4")
+
+
+def kimi_hub_config(config: dict[str, Any]) -> dict[str, Any]:
+  """The hub's config.json: remote code's names (`kimi_k2`; K2.5's `KimiK25ForConditionalGeneration`), no
+  `head_dim` (transformers writes qk_rope_head_dim there)."""
+  text = config.get("text_config", config)
+  text.pop("head_dim", None)
+  text["model_type"] = "kimi_k2"
+  if "text_config" in config:
+    config["architectures"] = ["KimiK25ForConditionalGeneration"]
+  return config
+
+
+def kimi_hub_layout(directory: str) -> None:
+  """Rewrites a save_pretrained directory in place as the hub ships it: K2.5's text layers under
+  `language_model.model.layers.{i}` and its projector's norm under `mm_projector.` (transformers 5.24 saves
+  `...model.blocks.{i}` and `model.mm_projector.pre_norm`), the hub's config."""
+  import json  # pylint: disable=g-import-not-at-top
+  import os  # pylint: disable=g-import-not-at-top
+  import re  # pylint: disable=g-import-not-at-top
+  from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
+  from tools.safetensors_writer import write_safetensors  # pylint: disable=g-import-not-at-top
+
+  path = os.path.join(directory, "model.safetensors")
+  saved_names = ((r"^language_model\.model\.blocks\.", "language_model.model.layers."),
+                 (r"^model\.mm_projector\.", "mm_projector."))
+  tensors = {}
+  for name, value in load_file(path).items():
+    for pattern, replacement in saved_names:
+      name = re.sub(pattern, replacement, name)
+    tensors[name] = value
+  write_safetensors(path, tensors)
+  with open(os.path.join(directory, "config.json")) as f:
+    config = kimi_hub_config(json.load(f))
+  with open(os.path.join(directory, "config.json"), "w") as f:
+    json.dump(config, f, indent=2)
+
+
 def deepseek4_hub_config(config: dict[str, Any]) -> dict[str, Any]:
   """A DeepSeek V4 config.json in transformers' form -> the hub's keys (per-layer `compress_ratios`,
   `num_hash_layers`, `qk_rope_head_dim`, flat `rope_theta` / `compress_rope_theta`)."""
@@ -296,6 +352,16 @@ TINY_MODELS: dict[str, TinyModelSpec] = {
              vision_config=dict(_QWEN_VISION, out_hidden_size=64, deepstack_visual_indexes=[0, 2]),
              tie_word_embeddings=False),
         "qwen3_vl", "qwen3-vl-30b-a3b", "qwen3-vl-30b-a3b", scans=(False,), inputs="qwen_vl", shipped_floor=3.3e-2),
+    # Weaver-Mini at reduced size: the qwen3_vl row's model (dense, tied) with three deepstack mergers, as Weaver-Mini
+    # has, saved under Weaver's names and config (tools/weaver_checkpoint.py); transformers has no Weaver class, so
+    # the references run the Qwen3-VL it was built as.
+    "weaver": TinyModelSpec(
+        "Qwen3VLConfig", "Qwen3VLForConditionalGeneration",
+        dict(text_config=_QWEN3_VL_TEXT,
+             vision_config=dict(_QWEN_VISION, out_hidden_size=64, deepstack_visual_indexes=[0, 1, 2]),
+             tie_word_embeddings=True),
+        "weaver", "weaver-mini", "weaver-mini", scans=(False,), inputs="qwen_vl", shipped_floor=4.4e-2,
+        hub_layout=weaver_checkpoint.to_weaver, hub_config=weaver_checkpoint.weaver_config),
     # Qwen3.5-35B-A3B's multimodal checkpoint at reduced size: the qwen3_5 row's hybrid decoder at hidden 64 with the
     # tower above (no deepstack, so the decoder scans).
     "qwen3_5_mm": TinyModelSpec(
@@ -347,6 +413,13 @@ TINY_MODELS: dict[str, TinyModelSpec] = {
     "deepseek3.2": TinyModelSpec("DeepseekV32Config", "DeepseekV32ForCausalLM",
                                  dict(_DEEPSEEK, index_n_heads=32, index_head_dim=32, index_topk=4),
                                  "deepseek", "deepseek3.2", "deepseek3.2-671b"),
+    "kimi_k2": TinyModelSpec("DeepseekV3Config", "DeepseekV3ForCausalLM", _KIMI, "deepseek", "kimi-k2", "kimi-k2-1t",
+                             hub_layout=kimi_hub_layout, hub_config=kimi_hub_config, fp8=_KIMI_INT4),
+    "kimi_k25": TinyModelSpec("Kimi_K25Config", "Kimi_K25ForConditionalGeneration",
+                              dict(text_config=dict(_KIMI, num_attention_heads=7, num_key_value_heads=7),
+                                   vision_config=_KIMI_VISION, projection_hidden_size=32, tie_word_embeddings=False),
+                              "kimi_k25", "kimi-k2", "kimi-k2-1t", hub_layout=kimi_hub_layout,
+                              hub_config=kimi_hub_config, fp8=_KIMI_INT4),
     "gpt_oss": TinyModelSpec("GptOssConfig", "GptOssForCausalLM", _GPT_OSS, "gpt_oss", "gpt-oss", "gpt-oss-20b"),
     "deepseek4": TinyModelSpec("DeepseekV4Config", "DeepseekV4ForCausalLM", _DEEPSEEK4, "deepseek4", "deepseek4-284b",
                                "deepseek4-284b", hub_layout=deepseek4_hub_layout, hub_config=deepseek4_hub_config,

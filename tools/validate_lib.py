@@ -14,7 +14,7 @@ import numpy as np
 from converter import families
 from converter.model_config import load_model_config
 from converter.output.record import ConversionRecord
-from tools import checkpoint_io, forward, quantize
+from tools import checkpoint_io, forward, quantize, weaver_checkpoint
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,6 +119,9 @@ def reference_logits(hf_model_path: str, ids: np.ndarray, weights_dtype: str = "
   if quantize.is_quantized(hf_model_path):
     with tempfile.TemporaryDirectory() as plain:
       return reference_logits(quantize.dequantize(hf_model_path, plain), ids, weights_dtype)
+  if weaver_checkpoint.is_weaver(hf_model_path):  # transformers has no Weaver: the Qwen3-VL it renames runs.
+    with tempfile.TemporaryDirectory() as renamed:
+      return reference_logits(weaver_checkpoint.as_qwen3_vl(hf_model_path, renamed), ids, weights_dtype)
 
   # Eager attention: the reference for sinks, sliding windows, chunks and sparse indexers alike. Multimodal wrappers
   # without a causal-LM class (Qwen3-VL) run as image-text-to-text models, on text alone.

@@ -145,13 +145,16 @@ class Layout:
   def under(self, prefix: str, old: str = "model.") -> Layout:
     """The same layout with HF names that start with `old` moved under `prefix` instead (a multimodal wrapper's
     text model: `model.layers.0...` -> `language_model.model.layers.0...`)."""
+    return self.renamed(lambda name: prefix + name[len(old):] if name.startswith(old) else name)
+
+  def renamed(self, rename: Callable[[str], str]) -> Layout:
+    """The same layout with every HF name passed through `rename` (a checkpoint that stores another family's
+    tensors under its own names: Weaver's Qwen3-VL)."""
 
     def move(param):
       if isinstance(param, Alternatives):
         return Alternatives(tuple(tuple(move(p) for p in option) for option in param.options))
-      if param.hf.startswith(old):
-        return dataclasses.replace(param, hf=prefix + param.hf[len(old):])
-      return param
+      return dataclasses.replace(param, hf=rename(param.hf))
 
     return Layout(tuple(move(p) for p in self.top),
                   tuple(dataclasses.replace(g, params=tuple(move(p) for p in g.params)) for g in self.groups))
@@ -193,7 +196,8 @@ class Family:
   `fp8_unquantized_modules` enables `--keep_fp8` (converter/native_fp8.py); `towers(config, target)` describes a
   multimodal checkpoint's encoders (None: the checkpoint has none, or the target has no multimodal form, which
   `check` then says); `tensor_aliases` are (regex, replacement) renames from the other names a checkpoint may
-  store its tensors under (transformers' `save_pretrained` and in-memory names) to the ones the layout uses.
+  store its tensors under (transformers' `save_pretrained` and in-memory names) to the ones the layout uses;
+  `config_back` rewrites the config.json the way back writes.
   """
 
   name: str
@@ -209,6 +213,9 @@ class Family:
   fp8_unquantized_modules: tuple[str, ...] | None = None
   towers: Callable[[ModelConfig, str], Towers | None] = lambda cfg, target: None
   tensor_aliases: Callable[[ModelConfig], tuple[tuple[str, str], ...]] = lambda cfg: ()
+  # The config.json the way back writes, from the original's (its quantization_config already dropped): where the
+  # original names remote code for a model transformers runs natively (Kimi K2's `kimi_k2`).
+  config_back: Callable[[dict[str, Any]], dict[str, Any]] = lambda config: config
 
   def target_prefix(self, target_model: str) -> str:
     """The longest declared prefix `target_model` starts with ("llama3.1-8b" -> "llama3.1")."""

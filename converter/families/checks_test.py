@@ -317,13 +317,19 @@ class ChecksTest(parameterized.TestCase):
                                             "mrope_interleaved": False}}}, "mrope_interleaved=false"),
       ("qwen3_vl_dense_layers_among_moe", "qwen3_vl_moe", None, {"text_config": {"mlp_only_layers": [1]}},
        "mlp_only_layers"),
+      ("weaver_on_a_name_maxtext_lacks", "weaver", "weaver-huge", {}, "weaver-mini and weaver-max"),
+      ("weaver_moe_decoder", "weaver", None, {"text_config": {"num_experts": 4}}, "mixture-of-experts Weaver"),
+      ("weaver_image_token_moved", "weaver", None, {"image_token_id": 151654}, "hard-codes 151655"),
+      ("weaver_mrope_not_interleaved", "weaver", None,
+       {"text_config": {"rope_parameters": {"rope_type": "default", "rope_theta": 5e6, "mrope_section": [6, 5, 5],
+                                            "mrope_interleaved": False}}}, "mrope_interleaved=false"),
   )
   def test_qwen_vision_refused_with_the_reason(self, model, target, changes, text):
     with self.assertRaisesRegex(ConversionError, text):
       _resolve(model, target, **changes).warnings()
 
   def test_qwen_vision_expressible_configs_convert_without_warnings(self):
-    for model in ("qwen3_vl", "qwen3_vl_moe", "qwen3_5_mm"):
+    for model in ("qwen3_vl", "qwen3_vl_moe", "qwen3_5_mm", "weaver"):
       resolved = _resolve(model)
       self.assertEqual(resolved.warnings(), [], model)
       self.assertTrue(resolved.multimodal, model)
@@ -354,6 +360,16 @@ class ChecksTest(parameterized.TestCase):
     self.assertEqual((overrides["use_multimodal"], overrides["deepstack_visual_indexes_for_vit"]), (False, []))
     self.assertNotIn("hidden_size_for_vit", overrides)
     self.assertIn("(--text_only)", model.ignored_tensors()[r"model\.visual\."])
+
+  def test_weaver_text_only_skips_exactly_the_tower(self):
+    # Weaver's names have no `model.visual.` prefix: the tower's own leading names say what --text_only skips.
+    full = _resolve("weaver")
+    text_only = families.resolve(full.config, text_only=True)
+    skipped = [re.compile(p) for p, reason in text_only.ignored_tensors().items() if "(--text_only)" in reason]
+    layout = text_only.layout(full.config.vocab_size, False)
+    text = [p.hf.format(layer=0) for p in layout.top + layout.groups[0].params]
+    self.assertEqual([n for n in text if any(p.match(n) for p in skipped)], [])
+    self.assertEqual([p.hf for p in full.towers.params if not any(r.match(p.hf) for r in skipped)], [])
 
 
   # Qwen3-Omni nests every setting under thinker_config (its text, vision and audio configs one level deeper).

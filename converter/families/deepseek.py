@@ -6,7 +6,9 @@ MaxText keeps the first `first_k_dense_replace` layers under `decoder/dense_laye
 kimi-k2* get sigmoid scores, the `e_score_correction_bias` for the choice (its leaf has the layer axis first when
 scanned, as MaxText's MoEBiasVar) and routing groups; deepseek2* a plain top-k of the softmax. No query scale is
 baked in and the rotary columns are already interleaved. The multi-token-prediction layer(s) after the last
-decoder layer are not part of MaxText's model and are skipped. FP8 checkpoints are read through the fp8 source.
+decoder layer are not part of MaxText's model and are skipped. FP8 checkpoints are read through the fp8 source,
+Kimi K2-Thinking's INT4 experts through the compressed-tensors one; Kimi K2.5 / K2.6 wrap the same text model
+(kimi_k25.py).
 """
 
 from converter import ops
@@ -20,6 +22,9 @@ ATTN = f"{common.LAYER}.self_attn"
 MOE = "DeepSeekMoeBlock_0"
 DECODER = Decoder(attention="mla", rope="yarn", routing="deepseek", moe_block=MOE)
 ROUTED_BY_GROUPS = ("deepseek3", "deepseek3.2", "kimi-k2")  # MaxText's deepseek_routing and MoEBiasVar.
+# The epsilon of the low-rank query and key-value norms (q_a_layernorm, kv_a_layernorm) in transformers' and the
+# checkpoints' own modelling code, whatever rms_norm_eps says; MaxText uses normalization_layer_epsilon for them.
+LATENT_NORM_EPS = 1e-6
 
 
 def _version(cfg: ModelConfig) -> str:
@@ -168,6 +173,11 @@ def _check(cfg: ModelConfig, target: str) -> list[str]:
     groups = cfg.get("n_group") or 1
     if d["X"] % groups:
       raise ConversionError(f"{cfg.path}: n_routed_experts={d['X']} is not a multiple of n_group={groups}")
+  if cfg.rms_norm_eps != LATENT_NORM_EPS:
+    warnings.append(f"{cfg.path}: rms_norm_eps={cfg.rms_norm_eps:g}, but the latent attention's q_a_layernorm and"
+                    f" kv_a_layernorm use {LATENT_NORM_EPS:g} in transformers and the checkpoint's own code; MaxText's"
+                    f" {target} uses normalization_layer_epsilon={cfg.rms_norm_eps:g} for every norm, so logits differ"
+                    " slightly (docs/families.md, Kimi)")
   if cfg.num_kv_heads != cfg.num_heads:
     warnings.append(f"{cfg.path}: num_key_value_heads={cfg.num_kv_heads} differs from num_attention_heads; latent"
                     " attention has one key/value per query head, so it is ignored")
@@ -184,6 +194,14 @@ def _ignored(cfg: ModelConfig) -> dict[str, str]:
   return ignored
 
 
+def _config_back(config: dict) -> dict:
+  """Kimi K2 and K2-Thinking name remote code (`model_type: kimi_k2`, `auto_map`) for what transformers runs as
+  `deepseek_v3` (the rename its kimi_k25 applies to the same text config): written back as that."""
+  if config.get("model_type") != "kimi_k2":
+    return config
+  return {**{k: v for k, v in config.items() if k != "auto_map"}, "model_type": "deepseek_v3"}
+
+
 FAMILY = Family(
     name="deepseek",
     architectures=("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM"),
@@ -193,4 +211,5 @@ FAMILY = Family(
     layout=_layout,
     check=_check,
     ignored_tensors=_ignored,
+    config_back=_config_back,
 )

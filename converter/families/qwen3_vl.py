@@ -87,15 +87,20 @@ def _towers(cfg: ModelConfig, target: str) -> Towers:
 
 
 def _check(cfg: ModelConfig, target: str) -> list[str]:
-  """Refuses a target whose decoder is not the checkpoint's (dense vs MoE), dense layers among MoE ones, and rope
-  scaling MaxText's multimodal rotary does not apply."""
+  """Refuses a target whose decoder is not the checkpoint's (dense vs MoE), then what `checks` refuses."""
   dense = cfg.architecture == DENSE
   names = DENSE_TARGETS if dense else MOE_TARGETS
   if target not in names:
     raise ConversionError(f"--target_model={target}: a {cfg.architecture} checkpoint ({cfg.path}) runs as"
                           f" {' or '.join(names)} in MaxText 0.2.5 (the {'dense' if dense else 'MoE'} Qwen3-VL"
                           " decoder)")
-  if not dense and (cfg.get("mlp_only_layers") or int(cfg.get("decoder_sparse_step") or 1) != 1):
+  return checks(cfg, target)
+
+
+def checks(cfg: ModelConfig, target: str) -> list[str]:
+  """Whatever the model name: refuses dense layers among MoE ones and rope scaling or MRoPE layouts MaxText's
+  multimodal rotary does not apply; warns about a sliding window."""
+  if cfg.architecture != DENSE and (cfg.get("mlp_only_layers") or int(cfg.get("decoder_sparse_step") or 1) != 1):
     raise ConversionError(f"{cfg.path}: dense layers among MoE layers (mlp_only_layers={cfg.get('mlp_only_layers')},"
                           f" decoder_sparse_step={cfg.get('decoder_sparse_step')}) have no MaxText qwen3-vl"
                           " equivalent")

@@ -1,8 +1,9 @@
 """Tensor sources: a checkpoint's tensors by name, read region by region as floating arrays.
 
 `open_source` picks the source from `quantization_config.quant_method` in config.json: none for plain
-safetensors, `fp8` (block-scaled FP8, with DeepSeek V4's packed FP4 experts where `expert_dtype` says so) or
-`mxfp4`. Any family reads any of them the same way.
+safetensors, `fp8` (block-scaled FP8, with DeepSeek V4's packed FP4 experts where `expert_dtype` says so),
+`mxfp4` or `compressed-tensors` (Kimi K2's INT4 experts; INT8 and FP8 per tensor, channel, group or block).
+Any family reads any of them the same way.
 """
 
 from __future__ import annotations
@@ -10,13 +11,14 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping
 
 from converter.errors import ConversionError
-from converter.sources import fp8, mxfp4
+from converter.sources import compressed, fp8, mxfp4
 from converter.sources.base import FLOATING, QuantizedSource, Region, SourceTensor, TensorSource, region_shape
 from converter.sources.safetensors import SAFETENSORS_DTYPES, SafetensorsSource, TensorInfo, open_safetensors
 
 QUANTIZED_SOURCES: Mapping[str, Callable[[SafetensorsSource, Mapping[str, Any], str], QuantizedSource]] = {
     fp8.QUANT_METHOD: fp8.fp8_source,
     mxfp4.QUANT_METHOD: mxfp4.mxfp4_source,
+    compressed.QUANT_METHOD: compressed.compressed_tensors_source,
 }
 
 

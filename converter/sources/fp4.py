@@ -19,9 +19,9 @@ import dataclasses
 import ml_dtypes
 import numpy as np
 
-from converter.arrays import copy_into, placed_shape
 from converter.errors import ConversionError
-from converter.sources.base import Region, as_slices, squeeze_ints
+from converter.sources import scaled
+from converter.sources.base import Region
 from converter.sources.safetensors import TensorInfo
 
 GROUP = 32  # Values per scale.
@@ -31,7 +31,6 @@ E2M1_VALUES = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0
                        np.float32)
 # Both values of every byte: element 2k is the low nibble, 2k + 1 the high one.
 PAIRS = np.stack([E2M1_VALUES[np.arange(256) & 0x0F], E2M1_VALUES[np.arange(256) >> 4]], axis=-1)
-_ROWS = 256  # Rows unpacked at a time: 256 x 4096 float32 values (4 MB) for a DeepSeek-V4-Flash expert's w2.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,32 +69,21 @@ class Fp4Tensor:
     return self.packed.byte_ranges + self.scale.byte_ranges
 
   def read(self, dtype: np.dtype | None = None, region: Region = (), transpose: bool = False) -> np.ndarray:
-    """Unpacks `_ROWS` rows at a time, reading only the groups of 32 the region's columns touch, so the float32
-    intermediates stay small whatever the region's size."""
-    slices = as_slices(self.shape, region)
-    slices += tuple(slice(0, d) for d in self.shape[len(slices):])
-    *lead, rows, cols = slices
-    groups = slice(cols.start // GROUP, -(-cols.stop // GROUP))
-    first = cols.start - groups.start * GROUP
-    out = np.empty(placed_shape(tuple(s.stop - s.start for s in slices), transpose),
-                   dtype=self.dtype if dtype is None else dtype)
-    for start in range(rows.start, rows.stop, _ROWS):
-      stop = min(start + _ROWS, rows.stop)
-      values = self._unpack(tuple(lead), slice(start, stop), groups)[..., first : first + cols.stop - cols.start]
-      placed = slice(start - rows.start, stop - rows.start)
-      copy_into(out[..., placed] if transpose else out[..., placed, :], values, transpose)  # Rounded once.
-    return squeeze_ints(out, region)
+    return scaled.read_scaled(self.shape, region, self.dtype if dtype is None else dtype, transpose, (1, GROUP),
+                              self._codes, lambda lead, rows, groups: self.scale.read(np.float32, (*lead, rows, groups)))
 
-  def _unpack(self, lead: tuple[slice, ...], rows: slice, groups: slice) -> np.ndarray:
-    """Whole groups of `rows` in float32: e2m1 values times their group's power of two (a product that is exact)."""
-    packed = self.packed.read(None, (*lead, rows, slice(groups.start * GROUP // 2, groups.stop * GROUP // 2)))
+  def _codes(self, lead: tuple[slice, ...], rows: slice, cols: slice) -> np.ndarray:
+    """The e2m1 values of `cols` of `rows` in float32, from the bytes that hold them."""
+    first = cols.start - cols.start % 2
+    packed = self.packed.read(None, (*lead, rows, slice(first // 2, -(-cols.stop // 2))))
     values = np.empty(packed.shape + (2,), np.float32)
     # Every byte is in the table: "clip" never clips, and, unlike the default "raise", writes unbuffered (10x
     # faster than indexing the table with the bytes).
     np.take(PAIRS, packed.view(np.uint8), axis=0, out=values, mode="clip")
-    values = values.reshape(packed.shape[:-1] + (-1, GROUP))
-    values *= self.scale.read(np.float32, (*lead, rows, groups))[..., None]
-    return values.reshape(packed.shape[:-1] + (-1,))
+    values = values.reshape(packed.shape[:-1] + (-1,))
+    if cols.start == first and values.shape[-1] == cols.stop - cols.start:
+      return values
+    return np.ascontiguousarray(values[..., cols.start - first : cols.stop - first])
 
 
 def fp4_tensor(packed: TensorInfo, scale: TensorInfo) -> Fp4Tensor:

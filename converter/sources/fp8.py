@@ -26,10 +26,9 @@ from typing import Any, Mapping
 import ml_dtypes
 import numpy as np
 
-from converter.arrays import copy_into, placed_shape
 from converter.errors import ConversionError
-from converter.sources import fp4
-from converter.sources.base import QuantizedSource, Region, SourceTensor, as_slices, squeeze_ints
+from converter.sources import fp4, scaled
+from converter.sources.base import QuantizedSource, Region, SourceTensor
 from converter.sources.safetensors import SafetensorsSource, TensorInfo
 
 QUANT_METHOD = "fp8"
@@ -68,10 +67,6 @@ SCALE_NAMINGS = (
     ScaleNaming(".weight", ".scale", name_marks_scale=False),  # DeepSeek V4.
 )
 
-# Values dequantized per piece in `Fp8BlockTensor.read`: 1 MiB of float32.
-PIECE_VALUES = 1 << 18
-
-
 @dataclasses.dataclass(frozen=True)
 class Fp8BlockTensor:
   """An FP8 weight and its block scales, presented as one float32 tensor of the weight's shape."""
@@ -109,32 +104,10 @@ class Fp8BlockTensor:
     return self.weight.byte_ranges + self.scale.byte_ranges
 
   def read(self, dtype: np.dtype | None = None, region: Region = (), transpose: bool = False) -> np.ndarray:
-    """Dequantizes a piece of one row of blocks at a time (about `PIECE_VALUES` values) into the output, swapping
-    axes as it places a piece when `transpose`: beside the output, only a few pieces' float32 temporaries live,
-    whatever the region's size or row length (whole block rows of an 18432-wide weight were four 9 MiB arrays per
-    read, beside a second, transposed copy of the output)."""
-    slices = as_slices(self.shape, region)
-    slices += tuple(slice(0, d) for d in self.shape[len(slices):])
-    *lead, rows, cols = slices
-    br, bc = self.block
-    first_column_block = cols.start // bc
-    scales = self.scale.read(np.float32, (*lead, slice(rows.start // br, -(-rows.stop // br)),
-                                          slice(first_column_block, -(-cols.stop // bc))))
-    shape = tuple(s.stop - s.start for s in slices)
-    out = np.empty(placed_shape(shape, transpose), dtype=self.dtype if dtype is None else dtype)
-    width = max(1, PIECE_VALUES // (br * math.prod(shape[:-2]) * bc)) * bc  # Whole column blocks per piece.
-    for j, first in enumerate(range(rows.start - rows.start % br, rows.stop, br)):
-      start, stop = max(first, rows.start), min(first + br, rows.stop)
-      left = cols.start
-      while left < cols.stop:
-        right = min(left - left % bc + width, cols.stop)  # Pieces end on column block edges.
-        values = to_float32(self.weight.read(None, (*lead, slice(start, stop), slice(left, right))))
-        piece_scales = scales[..., j : j + 1, left // bc - first_column_block : -(-right // bc) - first_column_block]
-        values *= np.repeat(piece_scales, bc, axis=-1)[..., left % bc : left % bc + right - left]
-        r, c = slice(start - rows.start, stop - rows.start), slice(left - cols.start, right - cols.start)
-        copy_into(out[..., c, r] if transpose else out[..., r, c], values, transpose)  # Rounded once.
-        left = right
-    return squeeze_ints(out, region)
+    return scaled.read_scaled(
+        self.shape, region, self.dtype if dtype is None else dtype, transpose, self.block,
+        lambda lead, rows, cols: to_float32(self.weight.read(None, (*lead, rows, cols))),
+        lambda lead, rows, cols: self.scale.read(np.float32, (*lead, rows, cols)))
 
 
 def _decode_tables(dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:

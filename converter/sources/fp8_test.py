@@ -10,7 +10,7 @@ import numpy as np
 from absl.testing import absltest, parameterized
 
 from converter.errors import ConversionError
-from converter.sources import fp4, fp8, open_safetensors, open_source, safetensors
+from converter.sources import fp4, fp8, open_safetensors, open_source, safetensors, scaled
 from tools import quantize
 from tools.safetensors_writer import write_safetensors
 
@@ -46,7 +46,7 @@ class Fp8SourceTest(parameterized.TestCase):
     values, scales = quantize.fp8_block_quantize(self.weight, (32, 32))
     expected = quantize.fp8_dequantize(values, scales, (32, 32))
     tensor = _source({"w.weight": values, "w.weight_scale_inv": scales}, block=(32, 32)).tensors["w.weight"]
-    with mock.patch.object(fp8, "PIECE_VALUES", 32 * 32):
+    with mock.patch.object(scaled, "PIECE_VALUES", 32 * 32):
       for region in [(), (slice(5, 190),), (slice(31, 33), slice(17, 383)), (slice(0, 200), slice(40, 41))]:
         np.testing.assert_array_equal(tensor.read(np.float32, region), expected[region])
         np.testing.assert_array_equal(tensor.read(np.float32, region, transpose=True),

@@ -1,5 +1,5 @@
-"""Qwen3-VL and Qwen3.5: one image between text tokens, as the Qwen processors lay it out (vision start, one image
-placeholder per merged 2x2 patch block, vision end).
+"""Qwen3-VL, Weaver and Qwen3.5: one image between text tokens, as the Qwen processors lay it out (vision start,
+one image placeholder per merged 2x2 patch block, vision end).
 
 The image is given as patch rows, (T*H*W, C*tp*p*p) in the processors' merge-window order: random values, the two
 frames of each patch different (a still image repeats one frame; distinct frames make the conv's temporal kernel
@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 
 import numpy as np
 
+from tools import weaver_checkpoint
 from tools.multimodal_inputs import MultimodalCase
 
 GRID = (1, 6, 8)  # (T, H, W) in patches: a non-square grid, so swapped axes change values.
@@ -27,6 +29,9 @@ def make_case(hf_dir: str, seed: int) -> MultimodalCase:
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
 
+  if weaver_checkpoint.is_weaver(hf_dir):  # transformers has no Weaver: the Qwen3-VL it renames runs.
+    with tempfile.TemporaryDirectory() as renamed:
+      return make_case(weaver_checkpoint.as_qwen3_vl(hf_dir, renamed), seed)
   with open(os.path.join(hf_dir, "config.json"), encoding="utf-8") as f:
     config = json.load(f)
   vision = config["vision_config"]
