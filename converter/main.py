@@ -197,10 +197,12 @@ def _run_to_huggingface() -> None:
   print(f"seconds:       {seconds:.2f}")
   print(f"peak RSS:      {_peak_rss_bytes() / 2**20:.0f} MiB")
   print(f"output:        {result.output_dir}")
+  if result.serving_files:
+    print(f"copied:        {', '.join(result.serving_files)} (from {plan.original.describe()})")
   if run.processes.count > 1:
     print(f"process:       {run.processes.index} of {run.processes.count}, wrote {len(result.written_files)} of"
           f" {len(result.files)} shards")
-  for warning in plan.warnings:
+  for warning in result.warnings:
     print(f"warning:       {warning}")
 
 

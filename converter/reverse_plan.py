@@ -28,6 +28,7 @@ from converter.model_config import ModelConfig, parse_model_config
 from converter.ops import IntegerIds, Op, Slot, inverse_ops, is_exact, output_shape
 from converter.loaders import ROW_BLOCK_BYTES, row_slabs, slab_ops
 from converter.safetensors_output import TensorSpec
+from converter.serving_files import Original
 from converter.sources import SAFETENSORS_DTYPES
 
 if TYPE_CHECKING:  # Imported where used: planning needs only the reader's metadata.
@@ -79,6 +80,9 @@ class ReversePlan:
   family: Family
   config: ModelConfig
   hf_config: dict[str, Any]
+  # The original model, whose tokenizer and serving files the way back copies: --hf_config_path's directory, else
+  # where the conversion to MaxText read it (None: neither is known).
+  original: Original | None
   target_model: str
   scan_layers: bool
   dtype: np.dtype
@@ -134,6 +138,14 @@ def hf_config_of(items_path: str, record: ConversionRecord, hf_config_path: str 
   if not isinstance(config, dict):
     raise ConversionError(f"{source}: the HF config is not a JSON object")
   return dict(config), source
+
+
+def _original(record: ConversionRecord, hf_config_path: str | None) -> Original | None:
+  """--hf_config_path's directory (the config file's, when it names one), else the recorded original."""
+  if hf_config_path:
+    return Original.of_directory(storage.parent(hf_config_path) if hf_config_path.endswith(".json")
+                                 else hf_config_path)
+  return Original.of_record(record.hf_source)
 
 
 def leaf_index(param: Param, expert: int | None, position: tuple[int, ...]) -> tuple[Any, ...]:
@@ -353,5 +365,5 @@ def plan_to_huggingface(
   if record.quant_method:
     warnings.append(f"the original checkpoint was {record.quant_method}-quantized; its weights come back"
                     f" dequantized ({dtypes[-1].name}) and config.json without quantization_config")
-  return ReversePlan(items_path, fam, config, hf_config, target, scan_layers, dtypes[-1], tuple(tensors),
-                     tuple(warnings), tuple(constants))
+  return ReversePlan(items_path, fam, config, hf_config, _original(record, hf_config_path), target, scan_layers,
+                     dtypes[-1], tuple(tensors), tuple(warnings), tuple(constants))

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 from absl import logging
 
-from converter import storage
+from converter import serving_files, storage
 from converter.errors import ConversionError
 from converter.options import ReverseOptions, RunContext
 from converter.output.huggingface import HuggingFaceOutput
@@ -52,10 +52,16 @@ class ToHuggingFaceResult:
   files: tuple[str, ...]  # Safetensors files, in order.
   total_bytes: int
   written_files: tuple[str, ...] = ()  # The ones this process wrote (all of them for one process).
+  serving_files: tuple[str, ...] = ()  # Copied from the original model: tokenizer, chat template, ...
+  serving_warnings: tuple[str, ...] = ()
 
   @property
   def num_tensors(self) -> int:
     return len(self.plan.tensors)
+
+  @property
+  def warnings(self) -> tuple[str, ...]:
+    return self.plan.warnings + self.serving_warnings
 
 
 QUANTIZATION_KEYS = ("quantization_config", "expert_dtype")
@@ -73,6 +79,25 @@ def written_config(plan: ReversePlan) -> dict[str, Any]:
     text = {k: v for k, v in text.items() if k not in QUANTIZATION_KEYS}
     config["text_config"] = {**text, **{k: plan.dtype.name for k in ("dtype", "torch_dtype") if k in text}}
   return config
+
+
+def original_serving_files(plan: ReversePlan) -> tuple[dict[str, bytes], list[str]]:
+  """The original model's tokenizer, chat template, generation and processor configs (converter/serving_files.py)
+  and what to say about them: read before any weight, so that an unreachable original is said at once; without
+  them the conversion goes on (the weights and config.json are still the model)."""
+  instead = ("the output holds config.json and the weights only: pass --hf_config_path=<the original model's"
+             " directory> to copy its tokenizer and serving files")
+  if plan.original is None:
+    return {}, [f"no original model is recorded in {plan.items_path} (a checkpoint written by MaxText, or by an older"
+                f" converter); {instead}"]
+  try:
+    files = serving_files.read_serving_files(plan.original)
+  except ConversionError as e:
+    return {}, [f"{e}; {instead}"]
+  missing = serving_files.missing(files)
+  if missing:
+    return files, [f"{plan.original.describe()} has no {', '.join(missing)}: the output cannot serve without them"]
+  return files, []
 
 
 def in_chunk_order(tensors: Sequence[HfTensor], reader: CheckpointReader) -> list[HfTensor]:
@@ -243,6 +268,9 @@ def convert_to_huggingface(checkpoint_path: str, output_dir: str, options: Rever
   for warning in plan.warnings:
     logging.warning("%s", warning)
   check_constants(plan, reader, options.read_cache_bytes)
+  serving, serving_warnings = original_serving_files(plan) if run.processes.is_primary else ({}, [])
+  for warning in serving_warnings:
+    logging.warning("%s", warning)
   tensors = in_chunk_order(plan.tensors, reader)
   shards = [[tensors[i] for i in shard] for shard in assign_shards([t.spec for t in tensors], limit)]
   names = shard_names(len(shards))
@@ -257,7 +285,8 @@ def convert_to_huggingface(checkpoint_path: str, output_dir: str, options: Rever
       index = index_json([t.spec for t in tensors], {t.name: name for name, shard in zip(names, shards) for t in shard})
       files[INDEX_FILE] = json.dumps(index, indent=2) + "\n"
     files["config.json"] = json.dumps(written_config(plan), indent=2, sort_keys=True) + "\n"
-    return files
+    return {**serving, **files}
 
   HuggingFaceOutput(output_dir, run).write(write_shards, last_files)
-  return ToHuggingFaceResult(plan, output_dir, tuple(names), plan.total_bytes, tuple(mine))
+  return ToHuggingFaceResult(plan, output_dir, tuple(names), plan.total_bytes, tuple(mine), tuple(serving),
+                             tuple(serving_warnings))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import http.server
+import json
 import os
 import threading
 import urllib.parse
@@ -27,9 +28,29 @@ class HubStandIn:
       def log_message(self, *args):
         del args
 
+      def _tree(self, parts: list[str]) -> None:
+        """`/api/models/{org}/{name}/tree/{revision}`: the repo's top-level files, as list_repo_files reads them."""
+        directory = stand_in.repos.get("/".join(parts[2:4]))
+        if directory is None or parts[5] not in ("main", COMMIT):
+          self.send_error(404)
+          return
+        stand_in.requested.append("/".join(parts[:4]) + "/tree")
+        entries = [{"type": "file", "path": name, "size": os.path.getsize(os.path.join(directory, name)),
+                    "oid": hashlib.sha1(name.encode()).hexdigest()}
+                   for name in sorted(os.listdir(directory)) if os.path.isfile(os.path.join(directory, name))]
+        data = json.dumps(entries).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
       def _answer(self, body: bool) -> None:
         path = urllib.parse.unquote(urllib.parse.urlparse(self.path).path).lstrip("/")
         parts = path.split("/")
+        if body and len(parts) >= 6 and parts[:2] == ["api", "models"] and parts[4] == "tree":
+          self._tree(parts)
+          return
         if len(parts) < 5 or parts[2] != "resolve":
           self.send_error(404)
           return

@@ -75,6 +75,29 @@ class HubTest(absltest.TestCase):
     self.assert_same_as_local(out)
     self.assert_same_as_local(again)
 
+  def test_the_way_back_copies_the_repos_serving_files_from_the_hub(self):
+    """The conversion recorded the repo and its commit: the way back fetches the files a server reads besides the
+    weights (tokenizer.json, README.md), not the weights in other formats (pytorch_model.bin)."""
+    cache = harness.scratch_dir("hub-cache-")
+    env = {"HF_ENDPOINT": "", "HF_HUB_CACHE": cache}
+    with hub_stand_in.HubStandIn({REPO: self.model}) as hub:
+      env["HF_ENDPOINT"] = hub.url
+      items = os.path.join(self.convert(REPO, env=env), "0", "items")
+      hub.requested.clear()
+      back = os.path.join(harness.scratch_dir("hub-back-"), "hf")
+      child_env = harness.converter_env(**env)
+      child_env.pop("HF_HUB_OFFLINE", None)
+      result = subprocess.run(harness.converter_command("--direction=to_huggingface", f"--checkpoint_path={items}",
+                                                        f"--output_dir={back}"),
+                              env=child_env, capture_output=True, text=True, timeout=600)
+      self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+      self.assertEqual(sorted(hub.requested), ["README.md", "api/models/tiny-org/tiny-moe/tree", "tokenizer.json"])
+    self.assertIn(f"(from {REPO} (revision {hub_stand_in.COMMIT}))", result.stdout)
+    for name in ("tokenizer.json", "README.md"):
+      with open(os.path.join(back, name), "rb") as f, open(os.path.join(self.model, name), "rb") as original:
+        self.assertEqual(f.read(), original.read(), name)
+    self.assertNotIn("pytorch_model.bin", os.listdir(back))
+
   def test_lora_adapter_from_the_hub(self):
     """--lora_adapter_path=ORG/NAME fetches the adapter's two files only and merges as a local copy does."""
     from tools import lora_adapters  # pylint: disable=g-import-not-at-top

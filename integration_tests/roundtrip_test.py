@@ -23,6 +23,7 @@ direction is pinned to transformers' logits by families_test.py.
 
 from __future__ import annotations
 
+import filecmp
 import glob
 import itertools
 import json
@@ -40,7 +41,7 @@ harness.start_jax()
 
 import numpy as np  # pylint: disable=g-import-not-at-top,g-bad-import-order
 
-from converter import ops, reverse_plan, to_huggingface  # pylint: disable=g-import-not-at-top
+from converter import ops, reverse_plan, serving_files, to_huggingface  # pylint: disable=g-import-not-at-top
 from converter.checkpoint_reader import CheckpointReader  # pylint: disable=g-import-not-at-top
 from converter.options import ReverseOptions  # pylint: disable=g-import-not-at-top
 from tools import tiny_models, validate_lib  # pylint: disable=g-import-not-at-top
@@ -64,6 +65,11 @@ BFLOAT16_MODELS = ("llama3.1", "mixtral", "qwen3_moe", "deepseek2", "deepseek3",
 # The only tensors a family may transform with float arithmetic: query projections (1/sqrt(D) baked in), norm
 # scales (Gemma's w + 1) and the embedding (Gemma's sqrt(E), exact when E is a power of 4).
 INEXACT_ALLOWED = r"(\.q_proj\.(weight|bias)|norm\.weight|embed_tokens\.weight)$"
+
+
+def _served(model_dir: str) -> list[str]:
+  """The original's files the way back copies besides the weights (converter/serving_files.py)."""
+  return sorted(n for n in os.listdir(model_dir) if serving_files.is_served(n))
 
 
 def _grid():
@@ -174,8 +180,13 @@ class RoundTripTest(parameterized.TestCase):
     original.pop("torch_dtype", None)
     self.assertEqual(back, original)
 
-  def assert_layout(self, back_dir: str, sharded: bool) -> None:
-    files = sorted(os.listdir(back_dir))
+  def assert_layout(self, model_dir: str, back_dir: str, sharded: bool) -> None:
+    """The weights in one file or named shards with their index, config.json, and the original's serving files
+    (converter/serving_files.py; save_pretrained writes generation_config.json) byte for byte."""
+    served = _served(model_dir)
+    for name in served:
+      self.assertTrue(filecmp.cmp(os.path.join(model_dir, name), os.path.join(back_dir, name), shallow=False), name)
+    files = sorted(set(os.listdir(back_dir)) - set(served))
     if not sharded:
       self.assertEqual(files, ["config.json", "model.safetensors"])
       return
@@ -203,7 +214,7 @@ class RoundTripTest(parameterized.TestCase):
     back = to_hf(items, **({"max_shard_size": "1MB"} if sharded else {}))
     stats = self.assert_round_trip(model_dir, items, back)
     self.assert_config(model_dir, back, "float32")
-    self.assert_layout(back, sharded)
+    self.assert_layout(model_dir, back, sharded)
     diff = float(np.max(np.abs(_logits(back) - reference)))
     print(f"{self._testMethodName}: logits max|diff| {diff:.3g}, {stats}", file=sys.stderr)
     self.assertLessEqual(diff, FLOAT32_MAX_LOGITS_DIFF)
@@ -247,7 +258,7 @@ class RoundTripTest(parameterized.TestCase):
     stats = self.assert_round_trip(model_dir, items, back)
     self.assertEqual(stats["inexact_tensors"], 0)  # Qwen3 scales queries at run time: everything bit-identical.
     self.assert_config(model_dir, back, "float32")
-    self.assert_layout(back, sharded=True)
+    self.assert_layout(model_dir, back, sharded=True)
     diff = float(np.max(np.abs(_logits(back) - reference)))
     self.assertLessEqual(diff, FLOAT32_MAX_LOGITS_DIFF)
     self.assertEqual(diff, 0.0)  # Same bytes, same program: the logits are identical, not just close.
@@ -397,7 +408,7 @@ class RoundTripTest(parameterized.TestCase):
     imported = [line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")]
     self.assertIn("tensorstore", imported)
     self.assertEqual([m for m in imported if m.split(".")[0] in ("jax", "jaxlib", "orbax")], [])
-    self.assertEqual(sorted(os.listdir(out)), ["config.json", "model.safetensors"])
+    self.assertEqual(sorted(os.listdir(out)), sorted(["config.json", "model.safetensors", *_served(model_dir)]))
     self.assertEqual(sorted(load_tensors(out)), sorted(load_tensors(model_dir)))
 
   def test_direction_flags_are_validated(self):

@@ -29,9 +29,10 @@ class HuggingFaceOutput:
     self._run = run
     self._destination = destination_for(output_dir)
 
-  def write(self, write_shards: Callable[[str], None], last_files: Callable[[], Mapping[str, str]]) -> None:
+  def write(self, write_shards: Callable[[str], None], last_files: Callable[[], Mapping[str, str | bytes]]) -> None:
     """`write_shards(directory)` writes this process's shards there; once every process has, the primary writes
-    `last_files()` (name -> text: the index and config.json, which make it a checkpoint) and publishes."""
+    `last_files()` (name -> text or bytes: the index and config.json, which make it a checkpoint, and the
+    original's tokenizer and serving files) and publishes."""
     processes = self._run.processes
     with lock.hold(self._destination) if processes.is_primary else contextlib.nullcontext():
       staging = on_primary_then_all(
@@ -50,9 +51,9 @@ class HuggingFaceOutput:
         raise
       processes_lib.barrier("published", processes)
 
-  def _publish(self, staging: str, files: Mapping[str, str]) -> None:
-    for name, text in files.items():
-      storage.write_text(storage.join(staging, name), text)
+  def _publish(self, staging: str, files: Mapping[str, str | bytes]) -> None:
+    for name, data in files.items():
+      storage.write_bytes(storage.join(staging, name), data if isinstance(data, bytes) else data.encode("utf-8"))
     self._destination.publish(staging, unsynced=tuple(files))
 
   def _discard(self, staging: str) -> None:

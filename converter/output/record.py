@@ -2,7 +2,7 @@
 and what the reverse direction, the validator and a resumed run read back from it: one writer, one reader.
 
   {"scan_layers": bool, "hf2maxtext": {"family", "target_model", "hf_architecture", "save_dtype", "quant_method",
-   "fp8", "maxtext_overrides", "hf_config", "chunking", "logical_axes", "lora_adapter"}}
+   "fp8", "maxtext_overrides", "hf_config", "hf_source", "chunking", "logical_axes", "lora_adapter"}}
 
 `scan_layers` sits at the top level because MaxText's own trainer records it there too; a checkpoint MaxText wrote
 has it and no `hf2maxtext` entry.
@@ -17,6 +17,7 @@ from typing import Any
 from converter import storage
 from converter.errors import ConversionError
 from converter.output import layout
+from converter.serving_files import Original
 from converter.sources.lora import LoraMergedSource
 
 KEY = "hf2maxtext"
@@ -42,6 +43,9 @@ class ConversionRecord:
   fp8: dict[str, Any] | None = None  # --keep_fp8: the FP8 kernels were kept beside their scales.
   maxtext_overrides: dict[str, Any] | None = None
   hf_config: Any = None  # The original config.json, verbatim: --direction=to_huggingface writes it back.
+  # Where the original model was read (converter/serving_files.py `Original.record`): the way back copies its
+  # tokenizer, chat template and generation config from there.
+  hf_source: dict[str, Any] | None = None
   chunking: dict[str, Any] | None = None  # The rule the stored chunks were cut by (converter/chunking.py).
   logical_axes: dict[str, list[str | None] | None] | None = None  # Every leaf's MaxText logical axes (None: none).
   # --lora_adapter_path: the adapter merged in (path, sha256 of its safetensors, r, alpha, rslora, patterns, and
@@ -61,6 +65,7 @@ class ConversionRecord:
         fp8=dataclasses.asdict(plan.fp8) if plan.fp8 else None,
         maxtext_overrides=overrides,
         hf_config=json.loads(storage.read_text(plan.config.path)),
+        hf_source=Original.of_directory(storage.parent(plan.config.path)).record(),
         chunking=plan.chunking.record(),
         logical_axes={leaf.name: None if leaf.logical_axes is None else list(leaf.logical_axes)
                       for leaf in plan.leaves},

@@ -157,13 +157,18 @@ def read_text(path: str) -> str:
 
 def write_text(path: str, text: str) -> None:
   """A small file, or an object written in one request under the retry policy (`set_request_retries`)."""
+  write_bytes(path, text.encode("utf-8"))
+
+
+def write_bytes(path: str, data: bytes) -> None:
+  """A small file, or an object written in one request under the retry policy (`set_request_retries`)."""
   if not is_remote(path):
-    with open(path, "w", encoding="utf-8") as f:
-      f.write(text)
+    with open(path, "wb") as f:
+      f.write(data)
     return
   scheme, bucket, name = split_bucket(path)
   try:
-    _kvstore(scheme, bucket).write(name, text.encode("utf-8")).result()
+    _kvstore(scheme, bucket).write(name, data).result()
   except Exception as e:  # pylint: disable=broad-except
     raise remote_error(path, e, "writing") from e
 
