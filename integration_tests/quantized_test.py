@@ -424,7 +424,7 @@ class KimiInt4Test(parameterized.TestCase):
     module = "model.layers.2.mlp.experts.7.down_proj"
     cases = (
         (dict(replace={f"{module}.weight_shape": np.array([224, 200], np.int32)}),
-         (f"{module}.weight_shape", "[224, 200]", "(224, 12)", "would be (224, 25)")),
+         (f"{module}.weight_shape", "says the weight is [224, 200]", "[224, 96]")),
         (dict(drop=f"{module}.weight_scale"), (f"{module}.weight_packed", "has no", "weight_scale")),
         (dict(config_change=lambda c: c["quantization_config"]["config_groups"]["group_0"]["weights"].update(
             strategy="tensor_group")), ("config_groups.group_0.weights.strategy 'tensor_group'", "config.json")),

@@ -4,6 +4,8 @@
   bazel run //tools:benchmark -- --family=deepseek3_fp8 --size_gb=6 --devices=1 --runs=3
   bazel run //tools:benchmark -- --family=qwen3_5_fp8 --size_gb=4 --devices=1 --runs=3
   bazel run //tools:benchmark -- --family=deepseek4_fp4 --full_size_dry_run --devices=1 --runs=3
+  bazel run //tools:benchmark -- --family=kimi_k26_int4 --full_size_dry_run --devices=1 --runs=1
+  bazel run //tools:benchmark -- --family=kimi_k26_int4 --size_gb=22 --devices=1 --runs=1 --noreverse --nomaxtext_route
 
 Writes a synthetic HF checkpoint of the family and size (numpy, random gaussian values; FP8 with block scales for
 deepseek3_fp8), then for each device count runs the real converter binary in a child process `--runs` times,
@@ -50,6 +52,7 @@ from absl import app, flags
 
 from converter import chunking, write_behind
 from converter.plan import default_zstd_level
+from converter.sources import quant_method
 from tools import synthetic_checkpoint
 from tools.ports import free_port
 from tools.process_sampling import run_sampled, tree_rss
@@ -69,6 +72,10 @@ flags.DEFINE_float("memory_limit_gib", None, "Run each conversion in a memory cg
 
 flags.DEFINE_boolean("full_size_dry_run", False, "Instead of converting a --size_gb checkpoint: the family's real"
                      " model at full size (synthetic_checkpoint.FULL_SIZE), written sparse, through --dry_run alone.")
+flags.DEFINE_boolean("maxtext_route", True, "For a quantized input, also time MaxText's route (a dequantized"
+                     " bfloat16 copy, then its conversion) and the codec floor on that copy. --nomaxtext_route where"
+                     " the disk cannot hold the copy beside the input (Kimi's INT4 experts: a copy 4x their size);"
+                     " the codec floor and the CPU-s ratios are then not measured.")
 flags.DEFINE_boolean("reverse", True, "Also convert each output back to HuggingFace, against its own floors:"
                      " reading the checkpoint + writing the safetensors, and zstd decompression.")
 flags.DEFINE_integer("shard_mb", 4096, "Largest safetensors shard of the synthetic checkpoint, in MiB (one tensor"
@@ -486,14 +493,17 @@ def _convert_command(input_dir: str, output_dir: str, devices: str, *flags_: str
   return command
 
 
-def _run(label: str, command: list[str], env: dict[str, str],
-         cgroup: MemoryCgroup | None) -> tuple[float, int, float]:
-  """Wall seconds, peak RSS and CPU seconds (user + system, every thread) of `command`."""
+def _run(label: str, command: list[str], env: dict[str, str], cgroup: MemoryCgroup | None,
+         outputs: list[str] | None = None) -> tuple[float, int, float]:
+  """Wall seconds, peak RSS and CPU seconds (user + system, every thread) of `command`; its stdout is appended to
+  `outputs` when given."""
   cpu_before = _children_cpu_seconds()
   wall, peak, result = run_sampled(cgroup.wrap(command) if cgroup else command, env)
   cpu = _children_cpu_seconds() - cpu_before
   if result.returncode:
     sys.exit(f"{label} failed ({result.returncode}):\n{result.stderr[-3000:]}")
+  if outputs is not None:
+    outputs.append(result.stdout)
   print(f"{label} wall={wall:.1f}s cpu={cpu:.1f}s peak_rss={peak / 2**30:.2f}GiB", flush=True)
   return wall, peak, cpu
 
@@ -724,12 +734,13 @@ def _row(label: str, devices: str, wall: float, peak: float, out_bytes: int | st
   return (label, f"{moved_bytes / 1e9:.1f} GB", devices, "on" if FLAGS.scan_layers else "off", f"{wall:.1f} s",
           peak_cell, out, f"{moved_bytes / wall / 1e6:.0f} MB/s", f"{io:.1f} s",
           "" if codec is None else f"{codec:.1f} s", f"{wall / floor:.2f}{note}", f"{(wall - start_up[0]) / floor:.2f}",
-          "" if cpu is None else f"{cpu[0]:.1f} / {cpu[1]:.1f}",
-          "" if cpu is None else f"{(cpu[0] - start_up[1]) / cpu[1]:.2f}",
-          "" if cpu is None else f"{(cpu[0] - start_up[1]) / cpu[2]:.2f}")
+          "" if cpu is None else f"{cpu[0]:.1f} / " + ("-" if cpu[1] is None else f"{cpu[1]:.1f}"),
+          "" if cpu is None or cpu[1] is None else f"{(cpu[0] - start_up[1]) / cpu[1]:.2f}",
+          "" if cpu is None or cpu[2] is None else f"{(cpu[0] - start_up[1]) / cpu[2]:.2f}")
 
 
-DRY_RUN_COLUMNS = ("plan", "size", "devices", "scan", "wall (median)", "peak RSS", "CPU-s")
+DRY_RUN_COLUMNS = ("plan", "size", "devices", "scan", "wall (median)", "peak RSS", "CPU-s",
+                   "predicted peak RSS of the conversion")
 
 
 def _full_size_dry_runs(env: dict[str, str]) -> ResultTable:
@@ -740,22 +751,29 @@ def _full_size_dry_runs(env: dict[str, str]) -> ResultTable:
              f" {', '.join(sorted(synthetic_checkpoint.FULL_SIZE))}")
   config = synthetic_checkpoint.FULL_SIZE[FLAGS.family]()
   input_dir = os.path.join(FLAGS.work_dir, f"{FLAGS.family}-full-size")
+  shapes = list(synthetic_checkpoint.FAMILIES[FLAGS.family][1](config))
   if not (FLAGS.keep_input and os.path.exists(os.path.join(input_dir, "model.safetensors.index.json"))):
     shutil.rmtree(input_dir, ignore_errors=True)
-    shapes = list(synthetic_checkpoint.FAMILIES[FLAGS.family][1](config))
+    start = time.monotonic()
     synthetic_checkpoint.write_checkpoint(input_dir, config, shapes, max_shard_bytes=FLAGS.shard_mb << 20,
                                           sparse=True)
+    print(f"wrote {FLAGS.family} at full size, sparse, to {input_dir} in {time.monotonic() - start:.1f} s",
+          flush=True)
   nbytes = _du(input_dir)
   rows = []
   for devices in FLAGS.devices:
+    outputs: list[str] = []
     runs = [_run(f"--dry_run devices={devices}", _convert_command(input_dir, os.path.join(FLAGS.work_dir, "out"),
-                                                                 devices, "--dry_run"), env, None)
+                                                                 devices, "--dry_run"), env, None, outputs)
             for _ in range(FLAGS.runs)]
     wall, peak, cpu = (statistics.median(run[k] for run in runs) for k in range(3))
+    predicted = _dry_run_lines(outputs[-1])[0]
+    print(f"--dry_run devices={devices}: predicted peak RSS {predicted / 2**30:.2f} GiB", flush=True)
     rows.append((f"{FLAGS.family} full size, --dry_run", f"{nbytes / 1e9:.1f} GB", devices,
-                 "on" if FLAGS.scan_layers else "off", f"{wall:.1f} s", f"{peak / 2**30:.2f} GiB", f"{cpu:.1f}"))
-  return ResultTable(f"input {nbytes / 1e9:.1f} GB written sparse (headers, holes for the data)", DRY_RUN_COLUMNS,
-                     tuple(rows))
+                 "on" if FLAGS.scan_layers else "off", f"{wall:.1f} s", f"{peak / 2**30:.2f} GiB", f"{cpu:.1f}",
+                 f"{predicted / 2**30:.2f} GiB"))
+  return ResultTable(f"input {nbytes / 1e9:.1f} GB, {len(shapes):,} tensors, written sparse (headers, holes for the"
+                     " data)", DRY_RUN_COLUMNS, tuple(rows))
 
 
 _UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
@@ -769,16 +787,22 @@ def dry_run_peak(command: list[str], env: dict[str, str]) -> int:
 def dry_run_figures(command: list[str], env: dict[str, str]) -> tuple[int, int]:
   """(the peak RSS, the bytes whose axes it reorders) `command` + `--dry_run` predicts, from the headers alone."""
   result = subprocess.run([*command, "--dry_run"], env=env, capture_output=True, text=True)
+  peak, transposed = _dry_run_lines(result.stdout)
+  if peak is None or transposed is None:
+    sys.exit(f"--dry_run printed no predicted peak or transposed bytes ({result.returncode}):\n"
+             f"{result.stderr[-3000:]}")
+  return peak, transposed
+
+
+def _dry_run_lines(stdout: str) -> tuple[int | None, int | None]:
+  """(the predicted peak RSS, the transposed bytes) a `--dry_run` printed, None for what it did not."""
   peak = transposed = None
-  for line in result.stdout.splitlines():
+  for line in stdout.splitlines():
     if line.startswith("predicted peak RSS:"):
       value, unit = line.split(":", 1)[1].split()[:2]
       peak = int(float(value) * _UNITS[unit])
     elif line.startswith("transposed bytes:"):
       transposed = int(line.split(":", 1)[1].split()[0].replace(",", ""))
-  if peak is None or transposed is None:
-    sys.exit(f"--dry_run printed no predicted peak or transposed bytes ({result.returncode}):\n"
-             f"{result.stderr[-3000:]}")
   return peak, transposed
 
 
@@ -802,7 +826,8 @@ def main(argv: list[str]) -> None:
     print(f"wrote {written / 1e9:.2f} GB synthetic {FLAGS.family} ({layers} layers) to"
           f" {input_dir} in {time.monotonic() - start:.1f} s", flush=True)
   with open(os.path.join(input_dir, "config.json")) as f:
-    quantized = "quantization_config" in json.load(f)
+    # Also inside text_config (Kimi K2.5 / K2.6's wrapper).
+    quantized = quant_method(json.load(f)) is not None
   native = quantized and _has_native_fp8(input_dir)
   output_dir = os.path.join(FLAGS.work_dir, "out")
   back_dir = os.path.join(FLAGS.work_dir, "back")
@@ -871,7 +896,7 @@ def main(argv: list[str]) -> None:
         native_command = _convert_command(input_dir, output_dir, devices, "--keep_fp8", "--text_only")
         native_wall, native_peak, _ = _run("  --keep_fp8", native_command, env, cgroup)
         native_runs.append((native_wall, native_peak, _du(output_dir)))
-      if quantized:
+      if quantized and FLAGS.maxtext_route:
         shutil.rmtree(output_dir, ignore_errors=True)
         shutil.rmtree(copy_dir, ignore_errors=True)
         dequantize = [_PYTHON, os.path.join(_REPO, "tools", "dequantize_checkpoint.py"), f"--input={input_dir}",
@@ -903,21 +928,28 @@ def main(argv: list[str]) -> None:
       variant_reverse_rows.append((devices, *(median(variant_reverse_runs, k) for k in range(4))))
   shutil.rmtree(output_dir, ignore_errors=True)
   io = statistics.median(floors)
-  encode, decode, encode_cpu, decode_cpu = (median(codec_floors, k) for k in range(4))
   copy_cpu = median(copy_floors, 1)
-  # Each direction's CPU floors: the codec's, and the transpose floor (the codec's plus a plain copy).
-  to_maxtext_floors, back_floors = (encode_cpu, encode_cpu + copy_cpu), (decode_cpu, decode_cpu + copy_cpu)
+  if codec_floors:
+    encode, decode, encode_cpu, decode_cpu = (median(codec_floors, k) for k in range(4))
+    # Each direction's CPU floors: the codec's, and the transpose floor (the codec's plus a plain copy).
+    to_maxtext_floors, back_floors = (encode_cpu, encode_cpu + copy_cpu), (decode_cpu, decode_cpu + copy_cpu)
+    codec_caption = (
+        f"compression floor (the {'dequantized copy' if quantized else f'{output_floor_bytes / 1e9:.2f} GB'}"
+        f" through zstd level {default_zstd_level(dequantizing=quantized)} (the conversions' default) in a zarr3"
+        f" array, via tensorstore on every core, from a file map by reference,"
+        f" in {chunking.ChunkRule.max_chunk_bytes >> 20} MiB chunks)"
+        f" median {encode:.1f} s ({encode_cpu:.1f} CPU-s), decompression (reading them back into a file, synced)"
+        f" {decode:.1f} s ({decode_cpu:.1f} CPU-s); transpose floor (the codec's CPU-s plus a plain copy of the"
+        f" {transposed / 1e9:.2f} GB the conversion transposes, {copy_cpu:.2f} CPU-s) {to_maxtext_floors[1]:.1f}"
+        f" CPU-s to MaxText, {back_floors[1]:.1f} back")
+  else:  # --nomaxtext_route on a quantized input: no dequantized copy to take the codec's floor on.
+    encode = decode = encode_cpu = decode_cpu = None
+    to_maxtext_floors = back_floors = (None, None)
+    codec_caption = (f"compression floor not measured (--nomaxtext_route: no dequantized copy); a plain copy of the"
+                     f" {transposed / 1e9:.2f} GB the conversion transposes {copy_cpu:.2f} CPU-s")
   start_up = start_up_cost(3)
   caption = (f"input {input_bytes / 1e9:.2f} GB; I/O floor (read the input + write"
-             f" {output_floor_bytes / 1e9:.2f} GB, fsync) median {io:.1f} s; compression floor (the"
-             f" {'dequantized copy' if quantized else f'{output_floor_bytes / 1e9:.2f} GB'} through zstd level"
-             f" {default_zstd_level(dequantizing=quantized)} (the conversions' default) in a zarr3 array,"
-             f" via tensorstore on every core, from a file map by reference,"
-             f" in {chunking.ChunkRule.max_chunk_bytes >> 20} MiB chunks)"
-             f" median {encode:.1f} s ({encode_cpu:.1f} CPU-s), decompression (reading them back into a file, synced)"
-             f" {decode:.1f} s ({decode_cpu:.1f} CPU-s); transpose floor (the codec's CPU-s plus a plain copy of the"
-             f" {transposed / 1e9:.2f} GB the conversion transposes, {copy_cpu:.2f} CPU-s) {to_maxtext_floors[1]:.1f}"
-             f" CPU-s to MaxText, {back_floors[1]:.1f} back; start-up"
+             f" {output_floor_bytes / 1e9:.2f} GB, fsync) median {io:.1f} s; {codec_caption}; start-up"
              f" (the bundled tiny checkpoint) {start_up.wall:.2f} s ({start_up.cpu:.2f} CPU-s), its first block read"
              f" {start_up.first_read:.2f} s after the process started; back to HuggingFace {start_up.reverse_wall:.2f} s"
              f" ({start_up.reverse_cpu:.2f} CPU-s)")
@@ -974,7 +1006,7 @@ def _add_to_results_page(tables: Sequence[ResultTable], started: datetime.dateti
 def _route_rows(rows: list, input_bytes: int, io: float, zstd: float) -> list[tuple[str, ...]]:
   """The rows of MaxText's own route for a quantized input (a dequantize pass, then the conversion of its copy),
   in the main table's columns."""
-  floor = max(io, zstd)
+  floor = max(io, zstd or 0.0)
   table_rows = []
   for devices, wall, _, _, route, _, _ in rows:
     if route:

@@ -84,17 +84,22 @@ class _GaussianPool:
   over e4m3's range as block-scaled checkpoints are; `positive` pools are scales.
   """
 
-  def __init__(self, rng: np.random.Generator, dtype: np.dtype, positive: bool = False):
+  def __init__(self, rng: np.random.Generator, dtype: np.dtype, positive: bool = False, std: float | None = None,
+               size: int = _POOL_VALUES):
     self._rng = rng
-    std = 2e-4 if positive else 64.0 if dtype.itemsize == 1 else 0.02
-    pool = rng.standard_normal(_POOL_VALUES, dtype=np.float32) * np.float32(std)
-    pool = (np.abs(pool) + np.float32(std / 8) if positive else pool).astype(dtype)
+    self._size = size  # Fewer values for a checkpoint that has fewer (tests' tiny ones).
+    if dtype == np.int32:  # Packed INT4 words (compressed-tensors): every bit random, all 16 codes equally likely.
+      pool = rng.integers(np.iinfo(np.int32).min, np.iinfo(np.int32).max, size, dtype=np.int32, endpoint=True)
+    else:
+      std = std or (2e-4 if positive else 64.0 if dtype.itemsize == 1 else 0.02)
+      pool = rng.standard_normal(size, dtype=np.float32) * np.float32(std)
+      pool = (np.abs(pool) + np.float32(std / 8) if positive else pool).astype(dtype)
     self._pool = np.concatenate([pool, pool])  # Any window up to the pool's length is one slice.
 
   def values(self, count: int) -> Iterator[np.ndarray]:
     while count:
-      take = min(count, _POOL_VALUES)
-      start = int(self._rng.integers(0, _POOL_VALUES))
+      take = min(count, self._size)
+      start = int(self._rng.integers(0, self._size))
       yield self._pool[start : start + take]
       count -= take
 
@@ -102,41 +107,56 @@ class _GaussianPool:
 def write_checkpoint(output_dir: str, config: dict, shapes: list[tuple], *, dtype=ml_dtypes.bfloat16,
                      max_shard_bytes: int = 4 << 30, seed: int = 0, sparse: bool = False) -> int:
   """Writes config.json, shards and the index; returns the bytes of tensor data written. `shapes` holds
-  (name, shape) in `dtype`, or (name, shape, dtype) for tensors of another dtype (FP8 weights, their scales).
+  (name, shape) in `dtype`, or (name, shape, dtype) for tensors of another dtype (FP8 weights, their scales), or
+  (name, shape, dtype, values) for a tensor whose values are data, not weights (compressed-tensors'
+  `weight_shape`): those are written as given, sparse or not.
 
   `sparse`: each shard is its header and a hole of the data's length (zeros, taking no disk): a full-size model's
   checkpoint on a small disk, for what reads headers alone (`--dry_run`)."""
-  tensors = [(t[0], tuple(t[1]), np.dtype(t[2] if len(t) > 2 else dtype)) for t in shapes]
+  tensors = [(t[0], tuple(t[1]), np.dtype(t[2] if len(t) > 2 else dtype), t[3] if len(t) > 3 else None)
+             for t in shapes]
   os.makedirs(output_dir, exist_ok=True)
-  shards: list[list[tuple[str, tuple[int, ...], np.dtype]]] = [[]]
+  shards: list[list[tuple[str, tuple[int, ...], np.dtype, np.ndarray | None]]] = [[]]
   size = 0
-  for name, shape, tensor_dtype in tensors:
+  for name, shape, tensor_dtype, values in tensors:
     nbytes = int(np.prod(shape)) * tensor_dtype.itemsize
     if shards[-1] and size + nbytes > max_shard_bytes:
       shards.append([])
       size = 0
-    shards[-1].append((name, shape, tensor_dtype))
+    shards[-1].append((name, shape, tensor_dtype, values))
     size += nbytes
   rng = np.random.default_rng(seed)
-  pools: dict[tuple[np.dtype, bool], _GaussianPool] = {}
+  pools: dict[tuple[np.dtype, bool, float | None], _GaussianPool] = {}
   weight_map, total = {}, 0
   for k, shard in enumerate(shards):
     file_name = f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors"
-    placeholders = {n: np.lib.stride_tricks.as_strided(np.zeros(1, d), s, [0] * len(s)) for n, s, d in shard}
+    placeholders = {n: np.lib.stride_tricks.as_strided(np.zeros(1, d), s, [0] * len(s)) for n, s, d, _ in shard}
     with open(os.path.join(output_dir, file_name), "wb") as f:
       f.write(safetensors_header(placeholders))
+      offset = f.tell()
       if sparse:
-        f.truncate(f.tell() + sum(int(np.prod(s)) * d.itemsize for _, s, d in shard))
-      for name, shape, tensor_dtype in shard:
+        f.truncate(offset + sum(int(np.prod(s)) * d.itemsize for _, s, d, _ in shard))
+      for name, shape, tensor_dtype, values in shard:
         weight_map[name] = file_name
-        total += int(np.prod(shape)) * tensor_dtype.itemsize
-        if sparse:
-          continue
-        kind = (tensor_dtype, name.endswith(("_scale_inv", ".scale")))
-        if kind not in pools:
-          pools[kind] = _GaussianPool(rng, tensor_dtype, positive=kind[1])
-        for piece in pools[kind].values(int(np.prod(shape))):
-          f.write(piece.tobytes())
+        nbytes = int(np.prod(shape)) * tensor_dtype.itemsize
+        total += nbytes
+        if values is not None:  # Data the reader checks (weight_shape): written even in a sparse checkpoint.
+          data = np.ascontiguousarray(values, dtype=tensor_dtype.newbyteorder("<")).tobytes()
+          if len(data) != nbytes:
+            raise ValueError(f"{name}: {len(data)} bytes of values for {shape} {tensor_dtype}")
+          f.seek(offset)
+          f.write(data)
+        elif not sparse:
+          # compressed-tensors' INT4 scales multiply codes of -8..7: about 2e-3 gives weights of about 0.01.
+          std = 2e-3 if name.endswith(".weight_scale") else None
+          kind = (tensor_dtype, name.endswith(("_scale_inv", ".scale", ".weight_scale")), std)
+          if kind not in pools:
+            pools[kind] = _GaussianPool(rng, tensor_dtype, positive=kind[1], std=std,
+                                        size=min(_POOL_VALUES, sum(int(np.prod(t[1])) for t in tensors)))
+          f.seek(offset)
+          for piece in pools[kind].values(int(np.prod(shape))):
+            f.write(piece.tobytes())
+        offset += nbytes
   with open(os.path.join(output_dir, "model.safetensors.index.json"), "w") as f:
     json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f)
   with open(os.path.join(output_dir, "config.json"), "w") as f:
@@ -505,15 +525,177 @@ def deepseek4_shapes(config: dict) -> Iterator[tuple[str, tuple[int, ...], np.dt
   yield "head.weight", (V, E), bf16
 
 
+# Kimi K2-Thinking / K2.5 / K2.6: Kimi K2's text model (DeepSeek V3's architecture) with its routed experts in
+# compressed-tensors' pack-quantized INT4 (symmetric, groups of 32 inputs, BF16 scales), the rest BF16.
+INT4_GROUP = 32
+
+# The hub's quantization_config of K2.5 / K2.6 (inside text_config; K2-Thinking has it at the top level, without
+# the two vision entries of `ignore`).
+_KIMI_INT4_QUANTIZATION = {
+    "config_groups": {"group_0": {
+        "input_activations": None, "output_activations": None, "targets": ["Linear"],
+        "weights": {"actorder": None, "block_structure": None, "dynamic": False, "group_size": INT4_GROUP,
+                    "num_bits": 4, "observer": "minmax", "observer_kwargs": {}, "strategy": "group",
+                    "symmetric": True, "type": "int"}}},
+    "format": "pack-quantized", "kv_cache_scheme": None, "quant_method": "compressed-tensors",
+    "quantization_status": "compressed",
+    "ignore": ["re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*",
+               "re:.*lm_head.*", "re:vision_tower.*", "re:mm_projector.*"],
+}
+
+# Kimi-K2.6's MoonViT vision tower and projector (the remote code's keys, as its config.json names them).
+_KIMI_K26_VISION = {
+    "patch_size": 14, "init_pos_emb_height": 64, "init_pos_emb_width": 64, "init_pos_emb_time": 4,
+    "pos_emb_type": "divided_fixed", "vt_num_attention_heads": 16, "vt_num_hidden_layers": 27,
+    "vt_hidden_size": 1152, "vt_intermediate_size": 4304, "merge_kernel_size": [2, 2],
+    "video_attn_type": "spatial_temporal", "merge_type": "sd2_tpool", "_attn_implementation": "flash_attention_2",
+    "mm_projector_type": "patchmerger", "mm_hidden_size": 1152, "projector_hidden_act": "gelu",
+    "projector_ln_eps": 1e-5, "text_hidden_size": 7168,
+}
+
+
+def kimi_k26_config(*, layers: int = 61, experts: int = 384, vocab: int = 163840) -> dict:
+  """Kimi-K2.6's config.json as the hub ships it (the KimiK25 wrapper, Kimi K2's text config nested with its INT4
+  quantization_config, the vision tower's remote-code keys); `layers`, `experts` and `vocab` make it smaller."""
+  text = {
+      "architectures": ["DeepseekV3ForCausalLM"], "model_type": "kimi_k2", "hidden_size": 7168,
+      "intermediate_size": 18432, "moe_intermediate_size": 2048, "num_hidden_layers": layers,
+      "num_attention_heads": 64, "num_key_value_heads": 64, "n_shared_experts": 1, "n_routed_experts": experts,
+      "routed_scaling_factor": 2.827, "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_rope_head_dim": 64,
+      "v_head_dim": 128, "qk_nope_head_dim": 128, "n_group": 1, "topk_group": 1, "num_experts_per_tok": 8,
+      "first_k_dense_replace": 1, "norm_topk_prob": True, "scoring_func": "sigmoid", "topk_method": "noaux_tc",
+      "moe_layer_freq": 1, "num_nextn_predict_layers": 0, "vocab_size": vocab, "rms_norm_eps": 1e-5,
+      "rope_theta": 50000.0, "max_position_embeddings": 262144, "tie_word_embeddings": False,
+      "rope_scaling": {"type": "yarn", "factor": 64.0, "original_max_position_embeddings": 4096, "beta_fast": 1.0,
+                       "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0},
+      "hidden_act": "silu", "attention_bias": False, "bos_token_id": 163584, "eos_token_id": 163585,
+      "torch_dtype": "bfloat16", "quantization_config": json.loads(json.dumps(_KIMI_INT4_QUANTIZATION)),
+  }
+  return {
+      "architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25",
+      "auto_map": {"AutoConfig": "configuration_kimi_k25.KimiK25Config",
+                   "AutoModel": "modeling_kimi_k25.KimiK25ForConditionalGeneration",
+                   "AutoModelForCausalLM": "modeling_kimi_k25.KimiK25ForConditionalGeneration"},
+      "text_config": text, "vision_config": dict(_KIMI_K26_VISION), "media_placeholder_token_id": 163605,
+      "pad_token_id": 163839, "ignore_index": -100, "use_unified_vision_chunk": True,
+      "video_placeholder": "<|kimi_k25_video_placeholder|>", "torch_dtype": "bfloat16",
+  }
+
+
+def kimi_k26_int4_for_bytes(target_bytes: int, itemsize: int = 1) -> dict:
+  """Kimi-K2.6 at its real widths (384 experts of 2048, hidden 7168, the full vision tower), its dense first layer
+  and as many MoE layers as fit `target_bytes` of the hub's format; vocab 16384 (not 163840) so that the input
+  and the benchmark's I/O floor fit a small disk beside a bf16 output 4x the experts' packed bytes."""
+  del itemsize
+  experts, vocab = 384, 16384
+  one = kimi_k26_config(layers=2, experts=experts, vocab=vocab)
+  per_moe_layer = sum(_nbytes(t) for t in _kimi_layer(one, 1))
+  fixed = sum(_nbytes(t) for t in kimi_k26_shapes(one)) - per_moe_layer
+  return kimi_k26_config(layers=1 + max(1, round((target_bytes - fixed) / per_moe_layer)), experts=experts,
+                         vocab=vocab)
+
+
+def _int4_packed(module: str, shape: tuple[int, int]) -> Iterator[tuple]:
+  """A Linear's (out, in) weight as compressed-tensors packs it: I32 words of 8 codes along each row, BF16 scales
+  per 32 inputs, and `weight_shape` [out, in] (real values: the reader checks them, sparse checkpoint or not)."""
+  out, inputs = shape
+  yield f"{module}.weight_packed", (out, -(-inputs // 8)), np.dtype(np.int32)
+  yield f"{module}.weight_scale", (out, -(-inputs // INT4_GROUP)), np.dtype(ml_dtypes.bfloat16)
+  yield f"{module}.weight_shape", (2,), np.dtype(np.int32), np.array([out, inputs], np.int32)
+
+
+def _kimi_layer(config: dict, i: int) -> Iterator[tuple]:
+  """Text layer `i` under the wrapper's names: attention, dense MLP and shared expert BF16, routed experts INT4,
+  the router BF16 and its correction bias F32."""
+  t, bf16 = config["text_config"], np.dtype(ml_dtypes.bfloat16)
+  E, H = t["hidden_size"], t["num_attention_heads"]
+  q, kv, nope, rope, v = (t[k] for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+                                         "v_head_dim"))
+  p = f"language_model.model.layers.{i}"
+  yield f"{p}.input_layernorm.weight", (E,), bf16
+  yield f"{p}.post_attention_layernorm.weight", (E,), bf16
+  yield f"{p}.self_attn.q_a_proj.weight", (q, E), bf16
+  yield f"{p}.self_attn.q_a_layernorm.weight", (q,), bf16
+  yield f"{p}.self_attn.q_b_proj.weight", (H * (nope + rope), q), bf16
+  yield f"{p}.self_attn.kv_a_proj_with_mqa.weight", (kv + rope, E), bf16
+  yield f"{p}.self_attn.kv_a_layernorm.weight", (kv,), bf16
+  yield f"{p}.self_attn.kv_b_proj.weight", (H * (nope + v), kv), bf16
+  yield f"{p}.self_attn.o_proj.weight", (E, H * v), bf16
+  projections = lambda M: (("gate_proj", (M, E)), ("up_proj", (M, E)), ("down_proj", (E, M)))
+  if i < t["first_k_dense_replace"]:
+    for proj, shape in projections(t["intermediate_size"]):
+      yield f"{p}.mlp.{proj}.weight", shape, bf16
+    return
+  X, M = t["n_routed_experts"], t["moe_intermediate_size"]
+  yield f"{p}.mlp.gate.weight", (X, E), bf16
+  yield f"{p}.mlp.gate.e_score_correction_bias", (X,), np.dtype(np.float32)
+  for e in range(X):
+    for proj, shape in projections(M):
+      yield from _int4_packed(f"{p}.mlp.experts.{e}.{proj}", shape)
+  for proj, shape in projections(M * t["n_shared_experts"]):
+    yield f"{p}.mlp.shared_experts.{proj}.weight", shape, bf16
+
+
+def _kimi_vision(config: dict) -> Iterator[tuple]:
+  """MoonViT and its projector, BF16, under the hub's names (transformers' conversion mapping reads these)."""
+  v, bf16 = config["vision_config"], np.dtype(ml_dtypes.bfloat16)
+  D, I, p = v["vt_hidden_size"], v["vt_intermediate_size"], v["patch_size"]
+  yield "vision_tower.patch_embed.proj.weight", (D, 3, p, p), bf16
+  yield "vision_tower.patch_embed.proj.bias", (D,), bf16
+  yield "vision_tower.patch_embed.pos_emb.weight", (v["init_pos_emb_height"], v["init_pos_emb_width"], D), bf16
+  linears = (("wqkv", 3 * D, D), ("wo", D, D), ("mlp.fc0", I, D), ("mlp.fc1", D, I))
+  for i in range(v["vt_num_hidden_layers"]):
+    b = f"vision_tower.encoder.blocks.{i}"
+    for norm in ("norm0", "norm1"):
+      yield f"{b}.{norm}.weight", (D,), bf16
+      yield f"{b}.{norm}.bias", (D,), bf16
+    for name, out, fan_in in linears:
+      yield f"{b}.{name}.weight", (out, fan_in), bf16
+      yield f"{b}.{name}.bias", (out,), bf16
+  yield "vision_tower.encoder.final_layernorm.weight", (D,), bf16
+  yield "vision_tower.encoder.final_layernorm.bias", (D,), bf16
+  merged = v["mm_hidden_size"] * math.prod(v["merge_kernel_size"])
+  yield "mm_projector.pre_norm.weight", (v["mm_hidden_size"],), bf16
+  yield "mm_projector.pre_norm.bias", (v["mm_hidden_size"],), bf16
+  for name, out in (("proj.0", merged), ("proj.2", v["text_hidden_size"])):
+    yield f"mm_projector.{name}.weight", (out, merged), bf16
+    yield f"mm_projector.{name}.bias", (out,), bf16
+
+
+def kimi_k26_shapes(config: dict) -> Iterator[tuple]:
+  """Every tensor of a Kimi-K2.6 hub checkpoint: the text model under `language_model.`, then the vision tower."""
+  t, bf16 = config["text_config"], np.dtype(ml_dtypes.bfloat16)
+  E, V = t["hidden_size"], t["vocab_size"]
+  yield "language_model.model.embed_tokens.weight", (V, E), bf16
+  for i in range(t["num_hidden_layers"]):
+    yield from _kimi_layer(config, i)
+  yield "language_model.model.norm.weight", (E,), bf16
+  yield "language_model.lm_head.weight", (V, E), bf16
+  yield from _kimi_vision(config)
+
+
+def parameter_count(shapes) -> int:
+  """The model's parameters in `shapes`: packed INT4 words count their 8 codes; their scales and stored shapes,
+  which are not parameters, are left out (FP8 block scales are counted as stored)."""
+  total = 0
+  for t in shapes:
+    if t[0].endswith((".weight_scale", ".weight_shape")):
+      continue
+    total += math.prod(t[1]) * (8 if t[0].endswith(".weight_packed") else 1)
+  return total
+
+
 FAMILIES = {
     "qwen3_moe": (qwen3_moe_for_bytes, qwen3_moe_shapes),
     "llama": (llama_for_bytes, llama_shapes),
     "deepseek3_fp8": (deepseek3_fp8_for_bytes, deepseek3_fp8_shapes),
     "qwen3_5_fp8": (qwen3_5_fp8_for_bytes, qwen3_5_fp8_shapes),
     "deepseek4_fp4": (deepseek4_for_bytes, deepseek4_shapes),
+    "kimi_k26_int4": (kimi_k26_int4_for_bytes, kimi_k26_shapes),
 }
 # The real model of a family, at full size, for `--dry_run` on a sparse checkpoint (benchmark --full_size_dry_run).
-FULL_SIZE = {"deepseek4_fp4": deepseek4_config, "deepseek3_fp8": deepseek3_full_config}
+FULL_SIZE = {"deepseek4_fp4": deepseek4_config, "deepseek3_fp8": deepseek3_full_config,
+             "kimi_k26_int4": kimi_k26_config}
 
 
 def write_family_checkpoint(output_dir: str, family: str, target_bytes: int, *, seed: int = 0,

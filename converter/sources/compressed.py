@@ -23,7 +23,6 @@ not the weights, and are not tensors of the model.
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import math
 import re
@@ -31,7 +30,6 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from converter import storage
 from converter.errors import ConversionError
 from converter.sources import fp8, scaled
 from converter.sources.base import QuantizedSource, Region, SourceTensor
@@ -46,7 +44,7 @@ STRATEGIES = ("tensor", "channel", "group", "block")
 SCALE_DTYPES = ("F32", "BF16", "F16")
 PACKED_BITS = (2, 4, 8)  # Whole codes in a byte: decoded through one table of the byte's codes.
 _ACTIVATION_SCALES = re.compile(r".*\.(input_scale|input_zero_point|output_scale|k_scale|v_scale)$")
-_SHAPE_READERS = 16  # weight_shape tensors read at once from a bucket, where each is a request.
+_checked_shapes: set[tuple[str, str]] = set()  # (file, weight_shape) this process has read and found as planned.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,7 +89,9 @@ class CompressedTensor:
   scale: TensorInfo
   scheme: Scheme
   shape: tuple[int, int]
-  stored_shape: TensorInfo | None = None  # pack-quantized's `weight_shape`, read when the source opens.
+  # pack-quantized's `weight_shape`: the shape above is its layout's (compressed_tensors_source), checked against
+  # this tensor's own before its values are first read.
+  stored_shape: TensorInfo | None = None
 
   @property
   def dtype(self) -> np.dtype:
@@ -118,6 +118,7 @@ class CompressedTensor:
     return (self.codes, self.scale) + ((self.stored_shape,) if self.stored_shape is not None else ())
 
   def read(self, dtype: np.dtype | None = None, region: Region = (), transpose: bool = False) -> np.ndarray:
+    self._check_stored_shape()
     return scaled.read_scaled(self.shape, region, self.dtype if dtype is None else dtype, transpose,
                               self.scheme.block(self.shape), self._read_codes, self._read_scales)
 
@@ -139,6 +140,18 @@ class CompressedTensor:
     if begin == 0 and values.shape[-1] == cols.stop - cols.start:
       return values
     return np.ascontiguousarray(values[:, begin : begin + cols.stop - cols.start])
+
+  def _check_stored_shape(self) -> None:
+    info = self.stored_shape
+    if info is None or (info.path, info.name) in _checked_shapes:
+      return
+    stored = tuple(int(d) for d in info.read())
+    if stored != self.shape:
+      raise ConversionError(
+          f"{info.path}: {info.name!r} says the weight is {list(stored)}, but {self.codes.name!r} {self.codes.shape}"
+          f" and {self.scale.name!r} {self.scale.shape} are stored as the weights of that layout are, which are"
+          f" {list(self.shape)}: a checkpoint stores one shape per layout")
+    _checked_shapes.add((info.path, info.name))
 
   def _read_scales(self, lead: tuple[slice, ...], row_blocks: slice, col_blocks: slice) -> np.ndarray:
     if self.scheme.strategy == "tensor":
@@ -272,10 +285,10 @@ def _weight(module: str, scheme: Scheme, stored: Mapping[str, TensorInfo], shape
   wanted = {PACKED: ("I32",), INT: ("I8",), FLOAT: ("F8_E4M3",)}[scheme.format]
   if codes.dtype_code not in wanted or len(codes.shape) != 2:
     raise ConversionError(f"{where} is {codes.dtype_code} {codes.shape}; expected a 2-D {' or '.join(wanted)} tensor")
-  stored_shape = stored.get(f"{module}.weight_shape") if scheme.format == PACKED else None
+  stored_shape = _stored_shape_info(stored, module) if scheme.format == PACKED else None
   shape = codes.shape
   if scheme.format == PACKED:
-    shape = shapes[stored_shape.name]
+    shape = shapes[module]
     words = -(-shape[1] // (32 // scheme.bits)) if len(shape) == 2 else None
     if words is None or min(shape) <= 0 or codes.shape != (shape[0], words):
       raise ConversionError(f"{stored_shape.path}: {stored_shape.name!r} says the weight is {list(shape)}, but"
@@ -288,23 +301,31 @@ def _weight(module: str, scheme: Scheme, stored: Mapping[str, TensorInfo], shape
   return CompressedTensor(f"{module}.weight", codes, scale, scheme, tuple(shape), stored_shape)
 
 
-def _read_shapes(stored: Mapping[str, TensorInfo], modules: list[str]) -> dict[str, tuple[int, ...]]:
-  """Every packed module's `weight_shape`, read at once (concurrent requests in a bucket); each is checked to be
-  an integer vector of two, the names of missing ones are refused."""
-  infos = []
-  for module in modules:
-    info = stored.get(f"{module}.weight_shape")
-    if info is None or info.dtype_code not in ("I32", "I64") or info.shape != (2,):
-      found = "nothing" if info is None else f"{info.dtype_code} {info.shape}"
-      raise ConversionError(f"{stored[module + '.weight_packed'].path}: {module + '.weight_packed'!r} needs"
-                            f" {module + '.weight_shape'!r}, I32 or I64 of shape (2,) ([out, in]); found {found}")
-    infos.append(info)
-  read = lambda info: tuple(int(d) for d in info.read())
-  if not any(storage.is_remote(info.path) for info in infos[:1]):
-    return {info.name: read(info) for info in infos}  # 36 us each from a file map; threads only add contention.
-  with concurrent.futures.ThreadPoolExecutor(_SHAPE_READERS) as pool:
-    values = pool.map(read, infos)
-    return {info.name: value for info, value in zip(infos, values)}
+def _stored_shape_info(stored: Mapping[str, TensorInfo], module: str) -> TensorInfo:
+  info = stored.get(f"{module}.weight_shape")
+  if info is None or info.dtype_code not in ("I32", "I64") or info.shape != (2,):
+    found = "nothing" if info is None else f"{info.dtype_code} {info.shape}"
+    raise ConversionError(f"{stored[module + '.weight_packed'].path}: {module + '.weight_packed'!r} needs"
+                          f" {module + '.weight_shape'!r}, I32 or I64 of shape (2,) ([out, in]); found {found}")
+  return info
+
+
+def _read_shapes(stored: Mapping[str, TensorInfo], modules: Mapping[str, Scheme]) -> dict[str, tuple[int, ...]]:
+  """Every packed module's shape: the `weight_shape` of the first module of each stored layout (words, scales and
+  scheme alike: three for Kimi K2's 69,120 experts) read now, the others' read when each is first read
+  (`CompressedTensor.read`). Reading all of them here took 12 s to 3 minutes for Kimi-K2.6 from local files
+  (69,120 page faults over 139 shards), and would be 69,120 requests from a bucket, before planning."""
+  layouts: dict[tuple, str] = {}
+  for module, scheme in modules.items():
+    info = _stored_shape_info(stored, module)
+    layout = (stored[module + ".weight_packed"].shape, stored[module + ".weight_scale"].shape
+              if module + ".weight_scale" in stored else None, scheme)
+    layouts.setdefault(layout, info.name)
+  read = lambda name: tuple(int(d) for d in stored[name].read())
+  first = {name: read(name) for name in layouts.values()}
+  return {module: first[layouts[(stored[module + ".weight_packed"].shape, stored[module + ".weight_scale"].shape
+                                 if module + ".weight_scale" in stored else None, scheme)]]
+          for module, scheme in modules.items()}
 
 
 def compressed_tensors_source(plain: SafetensorsSource, quantization: Mapping[str, Any],
@@ -332,7 +353,7 @@ def compressed_tensors_source(plain: SafetensorsSource, quantization: Mapping[st
       raise ConversionError(f"{info.path}: {name!r} ({info.dtype_code}) is not stored as config group"
                             f" {scheme.group}'s format {scheme.format} says")
     schemes[module] = scheme
-  shapes = _read_shapes(plain.tensors, [m for m, s in schemes.items() if s.format == PACKED])
+  shapes = _read_shapes(plain.tensors, {m: s for m, s in schemes.items() if s.format == PACKED})
   weights = {f"{m}.weight": _weight(m, s, plain.tensors, shapes, config_path) for m, s in schemes.items()}
   consumed = {n for w in weights.values() for n in w.stored_names}
   tensors: dict[str, SourceTensor] = {}

@@ -22,7 +22,7 @@ from compressed_tensors.compressors.pack_quantized.base import PackedQuantizatio
 from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
 
 from converter.errors import ConversionError
-from converter.sources import compressed, open_source, scaled
+from converter.sources import compressed, open_source, safetensors, scaled
 from tools.safetensors_writer import write_safetensors
 
 MODULE = "model.layers.1.mlp.experts.3.down_proj"
@@ -115,6 +115,24 @@ class PackedTest(parameterized.TestCase):
     with self.assertRaisesRegex(ConversionError, r"weight_shape' says the weight is \[8, 120\], but .*weight_packed'"
                                 r" is \(8, 12\).* would be \(8, 15\)"):
       _source(tensors, _config(args))
+
+  def test_one_weight_shape_a_layout_is_read_at_open_each_other_before_its_values(self):
+    args = _int_args()
+    tensors, expected = _packed(8, 96, args)
+    other = MODULE.replace("experts.3", "experts.4")
+    tensors.update({k.replace(MODULE, other): v for k, v in tensors.items()})
+    read = []
+    stored_read = safetensors.TensorInfo.read
+    record = lambda info, *args: read.append(info.name) or stored_read(info, *args)
+    with mock.patch.object(safetensors.TensorInfo, "read", record):
+      source = _source(tensors, _config(args))
+    self.assertEqual(read, [f"{MODULE}.weight_shape"])
+    np.testing.assert_array_equal(source.tensors[f"{other}.weight"].read(), expected)
+    tensors[f"{other}.weight_shape"] = np.array([8, 90], np.int32)  # Fits the words, but not its layout's shape.
+    tensor = _source(tensors, _config(args)).tensors[f"{other}.weight"]
+    self.assertEqual(tensor.shape, (8, 96))
+    with self.assertRaisesRegex(ConversionError, rf"'{other}.weight_shape' says the weight is \[8, 90\].* \[8, 96\]"):
+      tensor.read()
 
   def test_bad_tensors_are_refused_by_name(self):
     args = _int_args()
