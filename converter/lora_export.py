@@ -155,11 +155,13 @@ def _modules(layout) -> Iterator[tuple[Param, tuple[str, ...], tuple[Any, ...], 
                param.hf.format(layer=param.hf_layer(layer)))
 
 
-def plan_adapter_export(checkpoint_path: str, options: ReverseOptions, reader=None) -> AdapterExport:
-  """Which stored LoRA leaves become which PEFT factors; every leaf and shape checked before anything is written."""
+def plan_adapter_export(checkpoint_path: str, options: ReverseOptions, reader=None,
+                        base: tuple[dict[str, Any], str] | None = None) -> AdapterExport:
+  """Which stored LoRA leaves become which PEFT factors; every leaf and shape checked before anything is written.
+  `base`: the config.json dict (and where it came from) of the base the factors go with, when it is known."""
   items_path = items_path_of(checkpoint_path)
   record = ConversionRecord.read(items_path)
-  hf_config, source = hf_config_of(items_path, record, options.hf_config_path)
+  hf_config, source = base or hf_config_of(items_path, record, options.hf_config_path)
   config = parse_model_config(hf_config, source)
   if reader is None:
     from converter.checkpoint_reader import CheckpointReader  # pylint: disable=g-import-not-at-top
@@ -273,3 +275,34 @@ def export_lora_adapter(checkpoint_path: str, output_dir: str, options: ReverseO
 
 def _read(reader, leaf: tuple[str, ...], index: tuple[Any, ...]) -> np.ndarray:
   return reader.open(reader.arrays[leaf], index, 64 << 20).read(index)
+
+
+@dataclasses.dataclass(frozen=True)
+class Merge:
+  """A MaxText LoRA checkpoint merged into HF weights as they are written back: W + (alpha / r) B A, in float32."""
+
+  export: AdapterExport
+  reader: Any  # The LoRA checkpoint's CheckpointReader.
+
+  @property
+  def weights(self) -> dict[str, AdapterModule]:
+    return {f"{m.module}.weight": m for m in self.export.modules}
+
+  def merged(self, module: AdapterModule, weight: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """`weight` (HF's (out, in)) plus the module's update, rounded once to `dtype`."""
+    a, b = peft_factors(module.sides, _read(self.reader, module.leaf_a, module.index).astype(np.float32),
+                        _read(self.reader, module.leaf_b, module.index).astype(np.float32))
+    update = (self.export.alpha / self.export.rank) * (b @ a)
+    return (weight.astype(np.float32) + update).astype(dtype)
+
+
+def plan_merge(lora_checkpoint_path: str, options: ReverseOptions, family: str, target_model: str,
+               base: tuple[dict[str, Any], str]) -> Merge:
+  """The LoRA checkpoint's factors, planned against the base's config, family and target (which a MaxText LoRA
+  checkpoint does not record)."""
+  from converter.checkpoint_reader import CheckpointReader  # pylint: disable=g-import-not-at-top
+
+  items_path = items_path_of(lora_checkpoint_path)
+  reader = CheckpointReader(items_path)
+  options = dataclasses.replace(options, family=family, target_model=target_model)
+  return Merge(plan_adapter_export(items_path, options, reader, base=base), reader)

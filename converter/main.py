@@ -55,8 +55,11 @@ flags.DEFINE_enum("export", "model", ["model", "lora_adapter"], "to_huggingface:
                   " lora_adapter: a MaxText LoRA checkpoint's qwix factors (kernel_lora_a / kernel_lora_b) as a PEFT"
                   " adapter directory (adapter_config.json + adapter_model.safetensors) for the base model of"
                   " --hf_config_path (docs/lora.md).")
-flags.DEFINE_float("lora_alpha", None, "--export=lora_adapter: the adapter's lora_alpha, for a LoRA checkpoint"
-                   " whose metadata records none (MaxText's trainer records it).")
+flags.DEFINE_float("lora_alpha", None, "--export=lora_adapter and --lora_checkpoint_path: the adapter's lora_alpha,"
+                   " for a LoRA checkpoint whose metadata records none (MaxText's trainer records it).")
+flags.DEFINE_string("lora_checkpoint_path", None, "to_huggingface: a MaxText LoRA checkpoint (OUT/0/items of a"
+                    " MaxText LoRA run, or ours) merged in float32 into --checkpoint_path's base: one full HF model"
+                    " (docs/lora.md).")
 flags.DEFINE_string("max_shard_size", "5GB", "to_huggingface: largest safetensors shard, e.g. 5GB, 500MB, 2GiB.")
 flags.DEFINE_string("family", None, "to_huggingface: model family (default: recorded in the checkpoint metadata).")
 flags.DEFINE_string("hf_config_path", None, "to_huggingface: the original config.json (or its directory), for"
@@ -181,6 +184,7 @@ def _run_to_huggingface() -> None:
       target_model=FLAGS.target_model,
       read_ahead_bytes=FLAGS.max_inflight_bytes,
       lora_alpha=FLAGS.lora_alpha,
+      lora_checkpoint_path=_resolve(FLAGS.lora_checkpoint_path) if FLAGS.lora_checkpoint_path else None,
   )
   if FLAGS.export == "lora_adapter":
     _export_lora_adapter(options, run, start)
@@ -199,6 +203,10 @@ def _run_to_huggingface() -> None:
   print(f"output:        {result.output_dir}")
   if result.serving_files:
     print(f"copied:        {', '.join(result.serving_files)} (from {plan.original.describe()})")
+  if result.merged_lora is not None:
+    lora = result.merged_lora
+    print(f"lora:          {len(lora.modules)} modules merged, r {lora.rank}, lora_alpha {lora.alpha:g}, from"
+          f" {lora.items_path}")
   if run.processes.count > 1:
     print(f"process:       {run.processes.index} of {run.processes.count}, wrote {len(result.written_files)} of"
           f" {len(result.files)} shards")
@@ -229,8 +237,8 @@ def run() -> None:
     if ignored:
       raise app.UsageError(f"{', '.join(ignored)} apply to --direction=to_maxtext only")
     _run_to_huggingface()
-  elif FLAGS["export"].present or FLAGS["lora_alpha"].present:
-    raise app.UsageError("--export and --lora_alpha apply to --direction=to_huggingface only")
+  elif FLAGS["export"].present or FLAGS["lora_alpha"].present or FLAGS["lora_checkpoint_path"].present:
+    raise app.UsageError("--export, --lora_alpha and --lora_checkpoint_path apply to --direction=to_huggingface only")
   elif FLAGS.dry_run:
     # Several processes' devices simulated in this one, so that the shares come out as the real run's.
     _start_jax(FLAGS.simulated_cpu_devices_count * FLAGS.num_processes)

@@ -57,6 +57,8 @@ class ReverseOptions:
   read_cache_bytes: int = 1 << 30
   read_ahead_bytes: int = 128 << 20
   lora_alpha: float | None = None  # --export=lora_adapter: for checkpoints whose metadata records no lora_alpha.
+  # A MaxText LoRA checkpoint (its qwix factors) merged into the base on the way back: one full HF model.
+  lora_checkpoint_path: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -54,6 +54,7 @@ class ToHuggingFaceResult:
   written_files: tuple[str, ...] = ()  # The ones this process wrote (all of them for one process).
   serving_files: tuple[str, ...] = ()  # Copied from the original model: tokenizer, chat template, ...
   serving_warnings: tuple[str, ...] = ()
+  merged_lora: Any = None  # The LoRA checkpoint merged in (lora_export.AdapterExport), when --lora_checkpoint_path.
 
   @property
   def num_tensors(self) -> int:
@@ -146,14 +147,18 @@ class _OpenLeaves:
     return value
 
 
-def _piece(tensor: HfTensor, parts: tuple[HfPart, ...], leaves: _OpenLeaves) -> np.ndarray:
-  """One piece of `tensor`: its single part, or its fused parts each placed where the forward direction split it."""
+def _piece(tensor: HfTensor, parts: tuple[HfPart, ...], leaves: _OpenLeaves, merge: Any = None) -> np.ndarray:
+  """One piece of `tensor`: its single part, or its fused parts each placed where the forward direction split it;
+  with a LoRA `merge` (lora_export.Merge) that adapts it, plus the update."""
   if len(parts) == 1 and parts[0].split is None:
     value = leaves.read(parts[0])
   else:
     value = np.empty(tensor.piece_shape, tensor.dtype)
     for part in parts:
       part.split.place(value, leaves.read(part))
+  module = merge.weights.get(tensor.name) if merge is not None else None
+  if module is not None:
+    return merge.merged(module, value, tensor.dtype)  # A linear weight: one piece, (out, in).
   return value if value.dtype == tensor.dtype else value.astype(tensor.dtype)
 
 
@@ -175,8 +180,10 @@ class _ReadAhead:
 
   WORKERS = 16
 
-  def __init__(self, items: list[tuple[HfTensor, tuple[HfPart, ...]]], leaves: _OpenLeaves, max_bytes: int):
+  def __init__(self, items: list[tuple[HfTensor, tuple[HfPart, ...]]], leaves: _OpenLeaves, max_bytes: int,
+               merge: Any = None):
     self._items = items
+    self._merge = merge
     self._leaves = leaves
     self._max_bytes = max_bytes
     self._pool = concurrent.futures.ThreadPoolExecutor(self.WORKERS, thread_name_prefix="hf2maxtext-read")
@@ -196,7 +203,7 @@ class _ReadAhead:
           break
         self._leaves.keep_only({p.leaf for _, in_flight, _ in self._in_flight for p in in_flight} |
                                {p.leaf for p in parts})
-        self._in_flight.append((tensor, parts, self._pool.submit(_piece, tensor, parts, self._leaves)))
+        self._in_flight.append((tensor, parts, self._pool.submit(_piece, tensor, parts, self._leaves, self._merge)))
         alive += self._expected_bytes(tensor)
         submitted += 1
       tensor, _, future = self._in_flight[0]
@@ -213,13 +220,13 @@ class _ReadAhead:
 
 
 def _write_shards(reader: CheckpointReader, directory: str, shards: list[list[HfTensor]], names: list[str],
-                  options: ReverseOptions, processes: Processes) -> list[str]:
+                  options: ReverseOptions, processes: Processes, merge: Any = None) -> list[str]:
   """Writes this process's shards (all of them for one process; a byte-balanced run of them for several);
   returns the names of those this process wrote."""
   owners = shares.owners([sum(t.spec.nbytes for t in shard) for shard in shards], processes.count)
   mine = [(name, shard) for name, shard, owner in zip(names, shards, owners) if owner == processes.index]
   items = [(tensor, parts) for _, shard in mine for tensor in shard for parts in tensor.pieces]
-  pieces = _ReadAhead(items, _OpenLeaves(reader, options.read_cache_bytes), options.read_ahead_bytes)
+  pieces = _ReadAhead(items, _OpenLeaves(reader, options.read_cache_bytes), options.read_ahead_bytes, merge)
   try:
     arriving = iter(pieces)
     for file_name, shard in mine:
@@ -268,6 +275,16 @@ def convert_to_huggingface(checkpoint_path: str, output_dir: str, options: Rever
   for warning in plan.warnings:
     logging.warning("%s", warning)
   check_constants(plan, reader, options.read_cache_bytes)
+  merge = None
+  if options.lora_checkpoint_path:
+    from converter import lora_export  # pylint: disable=g-import-not-at-top
+
+    merge = lora_export.plan_merge(options.lora_checkpoint_path, options, plan.family.name, plan.target_model,
+                                   (plan.hf_config, plan.config.path))
+    unmerged = sorted(set(merge.weights) - {t.name for t in plan.tensors if len(t.pieces) == 1})
+    if unmerged:
+      raise ConversionError(f"{merge.export.items_path}: LoRA factors for {', '.join(unmerged[:3])}, which the base"
+                            f" {items_path} does not write back as one (out, in) weight")
   serving, serving_warnings = original_serving_files(plan) if run.processes.is_primary else ({}, [])
   for warning in serving_warnings:
     logging.warning("%s", warning)
@@ -277,7 +294,7 @@ def convert_to_huggingface(checkpoint_path: str, output_dir: str, options: Rever
   mine: list[str] = []
 
   def write_shards(directory: str) -> None:
-    mine.extend(_write_shards(reader, directory, shards, names, options, run.processes))
+    mine.extend(_write_shards(reader, directory, shards, names, options, run.processes, merge))
 
   def last_files() -> dict[str, str]:
     files = {}
@@ -289,4 +306,4 @@ def convert_to_huggingface(checkpoint_path: str, output_dir: str, options: Rever
 
   HuggingFaceOutput(output_dir, run).write(write_shards, last_files)
   return ToHuggingFaceResult(plan, output_dir, tuple(names), plan.total_bytes, tuple(mine), tuple(serving),
-                             tuple(serving_warnings))
+                             tuple(serving_warnings), merge.export if merge else None)

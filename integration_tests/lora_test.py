@@ -178,5 +178,40 @@ class LoraExportTest(absltest.TestCase):
                           head_dim=tiny_models.TINY_MODELS["qwen3"].config["head_dim"])
 
 
+class LoraMergedBackTest(absltest.TestCase):
+  """MaxText base + MaxText LoRA checkpoint -> one full HF model (--lora_checkpoint_path), against peft's merge."""
+
+  def test_merged_back_matches_peft_and_a_mismatched_checkpoint_is_refused(self):
+    model = tiny_models.build_tiny_model("qwen3", harness.scratch_dir("qwen3-hf-"))
+    ids = _ids(model)
+    adapter = lora_adapters.make_adapter(model, harness.scratch_dir("adapter-"))
+    head_dim = tiny_models.TINY_MODELS["qwen3"].config["head_dim"]
+    config = validate_lib.load_model_config(model)
+    lora = lora_adapters.write_maxtext_lora_checkpoint(adapter, harness.scratch_dir("maxtext-lora-"),
+                                                       num_layers=config.num_layers, scan_layers=False,
+                                                       nnx_layout=True, head_dim=head_dim)
+    base = harness.converted(model, "--save_dtype=float32", "--simulated_cpu_devices_count=1")  # Scanned.
+    merged = os.path.join(harness.scratch_dir("merged-"), "hf")
+    result = harness.run_converter("--direction=to_huggingface", f"--checkpoint_path={base}",
+                                   f"--lora_checkpoint_path={lora}", f"--output_dir={merged}")
+    self.assertIn("lora:          ", result.stdout)
+    logits = validate_lib.reference_logits(merged, ids)
+    report = validate_lib.compare_logits(logits, lora_adapters.merged_logits(model, adapter, ids))
+    self.assertLessEqual(report[0], THRESHOLDS.max_abs_diff, report)
+    self.assertGreater(validate_lib.compare_logits(logits, validate_lib.reference_logits(model, ids))[0], 0.1)
+    # Factors of another model's shapes (Llama 3.1's tiny row) are refused by leaf, nothing written.
+    other = tiny_models.build_tiny_model("llama3.1", harness.scratch_dir("llama-hf-"))
+    other_lora = lora_adapters.write_maxtext_lora_checkpoint(
+        lora_adapters.make_adapter(other, harness.scratch_dir("adapter-")), harness.scratch_dir("maxtext-lora-"),
+        num_layers=validate_lib.load_model_config(other).num_layers, scan_layers=True,
+        head_dim=tiny_models.TINY_MODELS["llama3.1"].config["head_dim"])
+    refused = os.path.join(harness.scratch_dir("refused-"), "hf")
+    result = harness.run_converter("--direction=to_huggingface", f"--checkpoint_path={base}",
+                                   f"--lora_checkpoint_path={other_lora}", f"--output_dir={refused}", check=False)
+    self.assertEqual(result.returncode, 1, result.stderr[-2000:])
+    self.assertIn("kernel_lora_a has shape", result.stderr)
+    self.assertFalse(os.path.exists(refused))
+
+
 if __name__ == "__main__":
   absltest.main()
