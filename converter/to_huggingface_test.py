@@ -33,8 +33,8 @@ class ReadAheadTest(absltest.TestCase):
   def run_read_ahead(self, items, max_bytes, piece):
     alive, peak, lock = [0], [0], threading.Lock()
 
-    def reading(tensor, parts, leaves):
-      del parts, leaves
+    def reading(tensor, parts, leaves, merge):
+      del parts, leaves, merge
       value = piece(tensor)
       with lock:
         alive[0] += value.nbytes
