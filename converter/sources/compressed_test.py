@@ -8,10 +8,10 @@ import sys
 import tempfile
 from unittest import mock
 
-# Run as a script, this directory comes first on the path, and its safetensors.py would stand in for the
-# safetensors package compressed-tensors imports.
-if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
-  del sys.path[0]
+# Run as a script, this directory (symlinks resolved, as Python puts it there) comes first on the path, and its
+# safetensors.py would stand in for the safetensors package compressed-tensors imports.
+_HERE = os.path.dirname(os.path.realpath(__file__))
+sys.path[:] = [entry for entry in sys.path if os.path.realpath(entry or ".") != _HERE]
 
 import ml_dtypes  # pylint: disable=g-import-not-at-top,g-bad-import-order
 import numpy as np
