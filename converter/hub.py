@@ -56,11 +56,17 @@ def _fetch(repo_id: str, filename: str, revision: str) -> str | None:
     raise ConversionError(f"{where}: downloading {filename} failed: {type(e).__name__}: {e}") from e
 
 
-def resolve_model_path(repo_id: str, revision: str = "main") -> str:
-  """The snapshot directory holding `repo_id`'s config.json and safetensors at `revision`."""
+def resolve_config_path(repo_id: str, revision: str = "main") -> str:
+  """The snapshot directory holding `repo_id`'s config.json at `revision`, and nothing else fetched."""
   config = _fetch(repo_id, "config.json", revision)
   if config is None:
     raise ConversionError(f"{repo_id} (revision {revision}): the repo has no config.json")
+  return os.path.dirname(config)
+
+
+def resolve_model_path(repo_id: str, revision: str = "main") -> str:
+  """The snapshot directory holding `repo_id`'s config.json and safetensors at `revision`."""
+  config = os.path.join(resolve_config_path(repo_id, revision), "config.json")
   index = _fetch(repo_id, INDEX, revision)
   if index is not None:
     with open(index, encoding="utf-8") as f:

@@ -140,7 +140,7 @@ class AdapterExport:
   base_model: str
 
 
-def _modules(layout) -> Iterator[tuple[Param, tuple[str, ...], tuple[Any, ...], tuple[int, ...], str]]:
+def layout_modules(layout) -> Iterator[tuple[Param, tuple[str, ...], tuple[Any, ...], tuple[int, ...], str]]:
   """(param, leaf path of its kernel, index of one layer in it, the leaf's stacking axes, HF module name) for
   every weight of the layout."""
   for param in layout.top:
@@ -195,7 +195,7 @@ def plan_adapter_export(checkpoint_path: str, options: ReverseOptions, reader=No
                            target_model=options.target_model or record.target_model, text_only=True)
   layout = model.layout(config.vocab_size, scan_layers)
   modules, used = [], set()
-  for param, kernel, index, stacking, hf_name in _modules(layout):
+  for param, kernel, index, stacking, hf_name in layout_modules(layout):
     leaf_a = (*kernel[:-1], kernel[-1] + LORA_A_SUFFIX)
     leaf_b = (*kernel[:-1], kernel[-1] + LORA_B_SUFFIX)
     if leaf_a not in leaves and leaf_b not in leaves:

@@ -48,6 +48,10 @@ flags.DEFINE_string("lora_adapter_path", None, "to_maxtext: a PEFT LoRA adapter 
                     " adapter_model.safetensors) merged into the weights while converting: a directory, a bucket"
                     " path or a Hub repo id, as --hf_model_path (docs/lora.md).")
 flags.DEFINE_string("lora_adapter_revision", "main", "Hub revision when --lora_adapter_path is a repo id.")
+flags.DEFINE_boolean("lora_adapter_only", False, "to_maxtext with --lora_adapter_path: write the adapter alone as a"
+                     " MaxText LoRA checkpoint (OUTPUT_DIR/0/items) that MaxText's LoRA training restores"
+                     " (lora.lora_restore_path), instead of merging it; of --hf_model_path only config.json is read"
+                     " (docs/lora.md).")
 flags.DEFINE_string("output_dir", None, "to_maxtext: directory for the Orbax checkpoint (step 0 is written to"
                     " OUTPUT_DIR/0). to_huggingface: the HF checkpoint directory to create.")
 flags.DEFINE_string("checkpoint_path", None, "to_huggingface: the Orbax checkpoint to read, e.g. OUTPUT_DIR/0/items.")
@@ -126,15 +130,17 @@ def _resolve(path: str) -> str:
   return storage.resolve(path)
 
 
-def _model_path(value: str, adapter: bool = False) -> str:
+def _model_path(value: str, adapter: bool = False, config_only: bool = False) -> str:
   """--hf_model_path (--lora_adapter_path with `adapter`): a bucket path, a local directory, or a Hub repo id
-  resolved to the local HF cache."""
+  resolved to the local HF cache (with `config_only`, only its config.json fetched)."""
   from converter import hub  # pylint: disable=g-import-not-at-top
 
   local = _resolve(value)
   if hub.looks_like_repo_id(value, local):
     if adapter:
       return hub.resolve_adapter_path(value, FLAGS.lora_adapter_revision)
+    if config_only:
+      return hub.resolve_config_path(value, FLAGS.revision)
     return hub.resolve_model_path(value, FLAGS.revision)
   return local
 
@@ -228,7 +234,7 @@ def _export_lora_adapter(options: ReverseOptions, run: RunContext, start: float)
 _TO_MAXTEXT_ONLY = ("scan_layers", "lazy_load_tensors", "simulated_cpu_devices_count", "save_dtype",
                     "target_vocab_size", "allow_unused_tensors", "dry_run", "verify", "resume",
                     "keep_fp8", "revision", "compression", "zstd_level", "chunk_checksums", "lora_adapter_path",
-                    "lora_adapter_revision")
+                    "lora_adapter_revision", "lora_adapter_only")
 
 
 def run() -> None:
@@ -239,6 +245,8 @@ def run() -> None:
     _run_to_huggingface()
   elif FLAGS["export"].present or FLAGS["lora_alpha"].present or FLAGS["lora_checkpoint_path"].present:
     raise app.UsageError("--export, --lora_alpha and --lora_checkpoint_path apply to --direction=to_huggingface only")
+  elif FLAGS.lora_adapter_only:
+    _write_lora_checkpoint()
   elif FLAGS.dry_run:
     # Several processes' devices simulated in this one, so that the shares come out as the real run's.
     _start_jax(FLAGS.simulated_cpu_devices_count * FLAGS.num_processes)
@@ -319,6 +327,29 @@ def _run_to_maxtext(plan: Plan, start: float, early_reads: EarlyReads | None = N
         + " ".join(f"{k}={json.dumps(v, separators=(',', ':'))}" for k, v in result.overrides.items()))
   if FLAGS.verify:
     _verify(plan, result.items_path, run.processes)
+
+
+def _write_lora_checkpoint() -> None:
+  """--lora_adapter_only: the PEFT adapter as a MaxText LoRA checkpoint."""
+  from converter import lora_checkpoint  # pylint: disable=g-import-not-at-top
+  from converter.model_config import load_model_config  # pylint: disable=g-import-not-at-top
+  from converter.sources import lora  # pylint: disable=g-import-not-at-top
+
+  if not FLAGS.lora_adapter_path:
+    raise app.UsageError("--lora_adapter_only needs --lora_adapter_path")
+  start = time.monotonic()
+  adapter = lora.read_adapter(_model_path(FLAGS.lora_adapter_path, adapter=True))
+  config = load_model_config(_model_path(FLAGS.hf_model_path, config_only=True))
+  checkpoint = lora_checkpoint.plan_lora_checkpoint(adapter, config, target_model=FLAGS.target_model,
+                                                    scan_layers=FLAGS.scan_layers, save_dtype=FLAGS.save_dtype)
+  output_dir = _resolve(FLAGS.output_dir)
+  _start_jax(1)
+  items = lora_checkpoint.write_lora_checkpoint(checkpoint, output_dir)
+  print(f"lora:          {checkpoint.modules} modules of {adapter.location} (r {checkpoint.rank}, lora_alpha"
+        f" {checkpoint.alpha:g}), {'scanned' if FLAGS.scan_layers else 'unscanned'}, for {checkpoint.target_model}")
+  print(f"seconds:       {time.monotonic() - start:.2f}")
+  print(f"output:        {items}")
+  print(f"MaxText:       lora.enable_lora=true lora.lora_restore_path={items} (rank and alpha from its metadata)")
 
 
 def _print_lora(plan) -> None:

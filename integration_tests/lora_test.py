@@ -178,6 +178,41 @@ class LoraExportTest(absltest.TestCase):
                           head_dim=tiny_models.TINY_MODELS["qwen3"].config["head_dim"])
 
 
+class LoraAdapterOnlyTest(absltest.TestCase):
+  """PEFT adapter -> MaxText LoRA checkpoint (--lora_adapter_only); MaxText's own restore of it is in the interop
+  step (run_interop's `peft->lora` case: MaxText's LoRA forward against peft's)."""
+
+  def test_llama31_factors_come_back_through_the_export_and_patterns_are_refused(self):
+    # Llama 3.1: the RoPE interleave and the query scale land on lora_b as MaxText's kernels have them.
+    model = tiny_models.build_tiny_model("llama3.1", harness.scratch_dir("llama-hf-"))
+    adapter = lora_adapters.make_adapter(model, harness.scratch_dir("adapter-"))
+    original = load_file(os.path.join(adapter, ADAPTER_WEIGHTS))
+    for scan in (True, False):
+      out = os.path.join(harness.scratch_dir("lora-checkpoint-"), "out")
+      result = harness.run_converter(f"--hf_model_path={model}", f"--lora_adapter_path={adapter}",
+                                     "--lora_adapter_only", f"--scan_layers={scan}", "--save_dtype=float32",
+                                     f"--output_dir={out}")
+      items = os.path.join(out, "0", "items")
+      self.assertIn(f"lora.lora_restore_path={items}", result.stdout)
+      with open(os.path.join(out, "0", "_CHECKPOINT_METADATA")) as f:
+        self.assertEqual(json.load(f)["custom_metadata"]["lora"], {"lora_rank": 4, "lora_alpha": 12.0})
+      exported = os.path.join(harness.scratch_dir("exported-"), "adapter")
+      harness.run_converter("--direction=to_huggingface", "--export=lora_adapter", f"--checkpoint_path={items}",
+                            f"--hf_config_path={model}", f"--output_dir={exported}")
+      back = load_file(os.path.join(exported, ADAPTER_WEIGHTS))
+      self.assertEqual(sorted(back), sorted(original))
+      for name, value in original.items():  # The query scale applied then undone: within one ulp.
+        np.testing.assert_allclose(back[name], value, rtol=2 ** -22, atol=0, err_msg=name)
+    rslora = lora_adapters.make_adapter(model, harness.scratch_dir("adapter-"),
+                                        lora_adapters.AdapterSpec(use_rslora=True))
+    out = os.path.join(harness.scratch_dir("refused-"), "out")
+    result = harness.run_converter(f"--hf_model_path={model}", f"--lora_adapter_path={rslora}", "--lora_adapter_only",
+                                   f"--output_dir={out}", check=False)
+    self.assertEqual(result.returncode, 1, result.stderr[-2000:])
+    self.assertIn("use_rslora scales by alpha / sqrt(r)", result.stderr)
+    self.assertFalse(os.path.exists(os.path.join(out, "0")))
+
+
 class LoraMergedBackTest(absltest.TestCase):
   """MaxText base + MaxText LoRA checkpoint -> one full HF model (--lora_checkpoint_path), against peft's merge."""
 

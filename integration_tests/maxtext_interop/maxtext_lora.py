@@ -39,28 +39,53 @@ def main(argv=None) -> int:
   p.add_argument("--lora_alpha", type=float, default=12.0)
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--output", required=True, help="MaxText's LoRA logits (.npy)")
-  p.add_argument("--lora_output", required=True, help="directory MaxText saves the LoRA checkpoint into (step 0)")
+  p.add_argument("--lora_output", default="", help="directory MaxText saves the LoRA checkpoint into (step 0)")
+  p.add_argument("--lora_restore_path", default="", help="instead of drawing and saving factors: restore them as"
+                 " MaxText's LoRA training does (lora.lora_restore_path, rank and alpha from its metadata)")
   args = p.parse_args(argv)
 
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   from flax import nnx  # pylint: disable=import-outside-toplevel
   from flax.linen import partitioning as nn_partitioning  # pylint: disable=import-outside-toplevel
-  from maxtext.common import checkpointing, train_state_nnx  # pylint: disable=import-outside-toplevel
   from maxtext.common.common_types import MODEL_MODE_TRAIN  # pylint: disable=import-outside-toplevel
   from maxtext.utils import lora_utils, maxtext_utils, model_creation_utils  # pylint: disable=import-outside-toplevel
 
   ids = np.load(args.token_ids).astype(np.int32)
   batch, seq = ids.shape
-  overrides = dict(maxtext_logits._parse_overrides(args.overrides),  # pylint: disable=protected-access
-                   lora={"enable_lora": True, "lora_rank": args.lora_rank, "lora_alpha": args.lora_alpha})
+  lora = ({"enable_lora": True, "lora_restore_path": args.lora_restore_path} if args.lora_restore_path
+          else {"enable_lora": True, "lora_rank": args.lora_rank, "lora_alpha": args.lora_alpha})
+  overrides = dict(maxtext_logits._parse_overrides(args.overrides), lora=lora)  # pylint: disable=protected-access
   config = maxtext_logits.build_config(args.model_name, overrides, batch=batch, seq=max(seq, 2),
                                        load_parameters_path=args.checkpoint)
   mesh = maxtext_utils.get_mesh_from_config(config, jax.devices()[:1])
+  lora_utils.sync_lora_metadata(config)  # The restored checkpoint's rank and alpha, before LoRA is applied.
   with nn_partitioning.axis_rules(config.logical_axis_rules):
     model = model_creation_utils.from_pretrained(config, mesh=mesh, model_mode=MODEL_MODE_TRAIN)
   with jax.set_mesh(mesh), nn_partitioning.axis_rules(config.logical_axis_rules):
     model = lora_utils.apply_lora_to_model(model, mesh, config)
+  if args.lora_restore_path:
+    with jax.set_mesh(mesh), nn_partitioning.axis_rules(config.logical_axis_rules):
+      model = lora_utils.restore_lora_from_path(model, config)
+  else:
+    _draw_and_save(model, config, args)
+
+  def forward_fn(model, tokens, positions, segment_ids):
+    return model(tokens, positions, decoder_segment_ids=segment_ids, enable_dropout=False, model_mode=MODEL_MODE_TRAIN)
+
+  positions = np.broadcast_to(np.arange(seq, dtype=np.int32)[None, :], (batch, seq))
+  with jax.set_mesh(mesh), nn_partitioning.axis_rules(config.logical_axis_rules):
+    logits = nnx.jit(forward_fn)(model, jnp.asarray(ids), jnp.asarray(positions), jnp.ones((batch, seq), jnp.int32))
+  np.save(args.output, np.asarray(jax.device_get(logits), dtype=np.float32))
+  return 0
+
+
+def _draw_and_save(model, config, args) -> None:
+  """Every factor drawn at random, then the state saved as MaxText's LoRA training saves it."""
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  from flax import nnx  # pylint: disable=import-outside-toplevel
+  from maxtext.common import checkpointing, train_state_nnx  # pylint: disable=import-outside-toplevel
+
   rng = np.random.default_rng(args.seed)
   factors = 0
   for _, variable in nnx.iter_graph(model):
@@ -76,15 +101,6 @@ def main(argv=None) -> int:
                                 force=True)
   if hasattr(manager, "wait_until_finished"):
     manager.wait_until_finished()
-
-  def forward_fn(model, tokens, positions, segment_ids):
-    return model(tokens, positions, decoder_segment_ids=segment_ids, enable_dropout=False, model_mode=MODEL_MODE_TRAIN)
-
-  positions = np.broadcast_to(np.arange(seq, dtype=np.int32)[None, :], (batch, seq))
-  with jax.set_mesh(mesh), nn_partitioning.axis_rules(config.logical_axis_rules):
-    logits = nnx.jit(forward_fn)(model, jnp.asarray(ids), jnp.asarray(positions), jnp.ones((batch, seq), jnp.int32))
-  np.save(args.output, np.asarray(jax.device_get(logits), dtype=np.float32))
-  return 0
 
 
 if __name__ == "__main__":

@@ -68,7 +68,9 @@ flags.DEFINE_string("target_mesh", "fsdp=4,tensor=2,expert=2", "The --target_mes
 flags.DEFINE_list("lora_families", ["qwen3"], "Tiny models also converted with a random PEFT LoRA adapter merged"
                   " (--lora_adapter_path; scan on), against transformers' logits with peft's merge of it; and given"
                   " MaxText's own LoRA (maxtext_lora.py), whose saved factors, exported as a PEFT adapter"
-                  " (--export=lora_adapter), must give MaxText's LoRA logits in peft.")
+                  " (--export=lora_adapter), must give MaxText's LoRA logits in peft; and the adapter converted alone"
+                  " (--lora_adapter_only), restored by MaxText's LoRA (lora.lora_restore_path), must give peft's"
+                  " logits with it unmerged.")
 flags.DEFINE_list("damaged_families", ["qwen3"], "Tiny models also converted (scan on) and then damaged, one bit"
                   " flipped in one stored chunk: MaxText's loader must refuse them (the chunk's checksum).")
 flags.DEFINE_integer("jobs", 2, "Cases (convert + MaxText forward) run at once.")
@@ -105,6 +107,9 @@ class Case:
   # MaxText's own LoRA (maxtext_lora.py) on the converted checkpoint, its saved factors exported as a PEFT adapter
   # (--export=lora_adapter): the reference is then transformers with that adapter in peft.
   lora_export: bool = False
+  # A PEFT adapter converted alone (--lora_adapter_only) into a MaxText LoRA checkpoint, which MaxText's LoRA
+  # restores (lora.lora_restore_path) onto the converted base: the reference is transformers with it in peft.
+  lora_restore: str = ""
   # One bit of one stored chunk flipped after the conversion: MaxText's load must fail on the chunk's checksum.
   damaged: bool = False
 
@@ -243,6 +248,8 @@ def run_case(case: Case) -> Case:
       _damage_one_chunk(os.path.join(out_dir, "0", "items"))
     if case.lora_export:
       rc = _maxtext_lora_export(case, out_dir, overrides_path, logits_path, log)
+    elif case.lora_restore:
+      rc = _maxtext_lora_restore(case, out_dir, overrides_path, logits_path, log)
     else:
       rc = _run_maxtext([f"--checkpoint={os.path.join(out_dir, '0', 'items')}", f"--model_name={case.maxtext_model}",
                          f"--overrides=@{overrides_path}", *inputs, f"--output={logits_path}"], log)
@@ -302,7 +309,8 @@ def _damage_one_chunk(items: str) -> None:
 
 def _maxtext_lora_export(case: Case, out_dir: str, overrides_path: str, logits_path: str, log: str) -> int:
   """MaxText's LoRA on the checkpoint (random factors, saved by MaxText's own checkpointing, its logits to
-  `logits_path`), exported by the converter as a PEFT adapter; `case.reference` becomes peft's logits with it."""
+  `logits_path`), exported by the converter as a PEFT adapter (`case.reference` becomes peft's logits with it) and
+  merged with the base back to one HF model, whose transformers logits must be MaxText's LoRA logits too."""
   from tools import lora_adapters, validate_lib  # pylint: disable=g-import-not-at-top
 
   lora_dir, adapter = os.path.join(case.work, "maxtext_lora"), os.path.join(case.work, "peft_adapter")
@@ -313,12 +321,39 @@ def _maxtext_lora_export(case: Case, out_dir: str, overrides_path: str, logits_p
     rc = _run([sys.executable, CONVERTER, "--direction=to_huggingface", "--export=lora_adapter",
                f"--checkpoint_path={os.path.join(lora_dir, '0', 'items')}", f"--hf_config_path={case.hf_dir}",
                f"--output_dir={adapter}"], os.path.join(case.work, "export.log"), _converter_env())
+  merged = os.path.join(case.work, "merged_hf")
+  if rc == 0:  # Merged mode back: the base and MaxText's LoRA checkpoint as one HF model.
+    rc = _run([sys.executable, CONVERTER, "--direction=to_huggingface",
+               f"--checkpoint_path={os.path.join(out_dir, '0', 'items')}",
+               f"--lora_checkpoint_path={os.path.join(lora_dir, '0', 'items')}", f"--output_dir={merged}"],
+              os.path.join(case.work, "merged.log"), _converter_env())
   if rc == 0:
     base = case.reference
+    ids = np.load(case.ids_path)
     with _TRANSFORMERS:
-      case.reference = lora_adapters.merged_logits(case.hf_dir, adapter, np.load(case.ids_path), merge=False)
+      case.reference = lora_adapters.merged_logits(case.hf_dir, adapter, ids, merge=False)
+      merged_logits = validate_lib.reference_logits(merged, ids)
     if validate_lib.compare_logits(case.reference, base)[0] < 0.1:
       raise RuntimeError("the LoRA factors do not move the logits: the check could not tell a dropped adapter")
+    diff, _, agree = validate_lib.compare_logits(np.load(logits_path), merged_logits)
+    if diff > FLAGS.atol or agree < 1.0:
+      raise RuntimeError(f"transformers on the merged model (--lora_checkpoint_path) vs MaxText's LoRA forward:"
+                         f" max|diff| {diff:.3g}, argmax {agree:.2%}")
+  return rc
+
+
+def _maxtext_lora_restore(case: Case, out_dir: str, overrides_path: str, logits_path: str, log: str) -> int:
+  """The case's PEFT adapter converted alone into a MaxText LoRA checkpoint, restored by MaxText's LoRA onto the
+  base (its logits to `logits_path`)."""
+  lora_dir = os.path.join(case.work, "lora_checkpoint")
+  rc = _run([sys.executable, CONVERTER, f"--hf_model_path={case.hf_dir}", f"--lora_adapter_path={case.lora_restore}",
+             "--lora_adapter_only", f"--scan_layers={str(case.scan).lower()}", "--save_dtype=float32",
+             f"--output_dir={lora_dir}"], os.path.join(case.work, "adapter.log"), _converter_env())
+  if rc == 0:
+    rc = _run([FLAGS.maxtext_python, LORA_HARNESS, f"--checkpoint={os.path.join(out_dir, '0', 'items')}",
+               f"--model_name={case.maxtext_model}", f"--overrides=@{overrides_path}", f"--token_ids={case.ids_path}",
+               f"--output={logits_path}", f"--lora_restore_path={os.path.join(lora_dir, '0', 'items')}"], log,
+              _maxtext_env())
   return rc
 
 
@@ -415,6 +450,7 @@ def main(argv: list[str]) -> int:
           f" {label}" for prefix, label in (("--target_mesh", "mesh"), ("--lora_adapter_path", "lora"))
           if any(flag.startswith(prefix) for flag in case.converter_flags))
       model += " lora->peft" if case.lora_export else ""
+      model += " peft->lora" if case.lora_restore else ""
       model += " damaged" if case.damaged else ""
       shipped = "" if np.isnan(case.shipped_diff) else f"  (as shipped {case.shipped_diff:.2e}, floor {case.shipped_floor:g})"
       print(f"{model:<20} {case.maxtext_model:<17} {'on' if case.scan else 'off':<4} {diff:>10} {agree:>8}"
@@ -478,10 +514,13 @@ def main(argv: list[str]) -> int:
         with _TRANSFORMERS:
           adapter = lora_adapters.make_adapter(hf_dir, os.path.join(model_dir, "lora_adapter"))
           lora_reference = lora_adapters.merged_logits(hf_dir, adapter, np.load(ids_path)).astype(np.float32)
+          applied = lora_adapters.merged_logits(hf_dir, adapter, np.load(ids_path), merge=False).astype(np.float32)
         for case in (Case(name, tiny_models.TINY_MODELS[name].maxtext_model, True, hf_dir, ids_path, lora_reference,
                           os.path.join(model_dir, "scan_on_lora"), converter_flags=(f"--lora_adapter_path={adapter}",)),
                      Case(name, tiny_models.TINY_MODELS[name].maxtext_model, True, hf_dir, ids_path, reference,
-                          os.path.join(model_dir, "scan_on_lora_export"), lora_export=True)):
+                          os.path.join(model_dir, "scan_on_lora_export"), lora_export=True),
+                     Case(name, tiny_models.TINY_MODELS[name].maxtext_model, True, hf_dir, ids_path, applied,
+                          os.path.join(model_dir, "scan_on_lora_restore"), lora_restore=adapter)):
           cases.append(case)
           futures.append(pool.submit(lambda c: report(run_case(c)) or c, case))
     concurrent.futures.wait(futures)
