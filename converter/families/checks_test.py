@@ -96,7 +96,7 @@ class ChecksTest(parameterized.TestCase):
     self.assertEqual(_resolve("deepseek2").target, "deepseek2")
     self.assertEqual(_resolve("deepseek3").target, "deepseek3")
     self.assertEqual(_resolve("deepseek3.2").target, "deepseek3.2")
-    self.assertEqual(_resolve("deepseek3", model_type="kimi_k2").target, "kimi-k2")
+    self.assertEqual(_resolve("deepseek3", model_type="kimi_k2").target, "kimi-k2-1t")
 
   # --- Gemma 4 ------------------------------------------------------------------------------------------------------
 

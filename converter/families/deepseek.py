@@ -22,6 +22,7 @@ ATTN = f"{common.LAYER}.self_attn"
 MOE = "DeepSeekMoeBlock_0"
 DECODER = Decoder(attention="mla", rope="yarn", routing="deepseek", moe_block=MOE)
 ROUTED_BY_GROUPS = ("deepseek3", "deepseek3.2", "kimi-k2")  # MaxText's deepseek_routing and MoEBiasVar.
+KIMI_MODEL = "kimi-k2-1t"  # MaxText 0.2.5's one Kimi model name (configs/types.py).
 # The epsilon of the low-rank query and key-value norms (q_a_layernorm, kv_a_layernorm) in transformers' and the
 # checkpoints' own modelling code, whatever rms_norm_eps says; MaxText uses normalization_layer_epsilon for them.
 LATENT_NORM_EPS = 1e-6
@@ -34,7 +35,7 @@ def _version(cfg: ModelConfig) -> str:
 
 def _infer_target(cfg: ModelConfig) -> str:
   if cfg.model_type == "kimi_k2":
-    return "kimi-k2"
+    return KIMI_MODEL
   return {"v2": "deepseek2", "v3": "deepseek3", "v3.2": "deepseek3.2"}[_version(cfg)]
 
 

@@ -38,7 +38,7 @@ FAMILY = Family(
     # The hub's config names the remote-code class; transformers 5.24 saves its own, Kimi_K25...
     architectures=("KimiK25ForConditionalGeneration", "Kimi_K25ForConditionalGeneration"),
     targets=("kimi-k2",),
-    infer_target=lambda cfg: "kimi-k2",
+    infer_target=lambda cfg: deepseek.KIMI_MODEL,
     runtime=deepseek.FAMILY.runtime,
     layout=_layout,
     check=deepseek.FAMILY.check,

@@ -71,6 +71,9 @@ flags.DEFINE_list("lora_families", ["qwen3"], "Tiny models also converted with a
                   " (--export=lora_adapter), must give MaxText's LoRA logits in peft; and the adapter converted alone"
                   " (--lora_adapter_only), restored by MaxText's LoRA (lora.lora_restore_path), must give peft's"
                   " logits with it unmerged.")
+flags.DEFINE_list("sft_families", ["qwen3"], "Tiny models also trained two steps by MaxText's own SFT trainer"
+                  " (train_sft_native, synthetic data) from their converted checkpoint (scan on), whose checkpoint"
+                  " converted back to HuggingFace must give MaxText's logits on it in transformers.")
 flags.DEFINE_list("damaged_families", ["qwen3"], "Tiny models also converted (scan on) and then damaged, one bit"
                   " flipped in one stored chunk: MaxText's loader must refuse them (the chunk's checksum).")
 flags.DEFINE_integer("jobs", 2, "Cases (convert + MaxText forward) run at once.")
@@ -110,6 +113,10 @@ class Case:
   # A PEFT adapter converted alone (--lora_adapter_only) into a MaxText LoRA checkpoint, which MaxText's LoRA
   # restores (lora.lora_restore_path) onto the converted base: the reference is transformers with it in peft.
   lora_restore: str = ""
+  # MaxText's own SFT trainer (train_sft_native, 2 steps on synthetic data) run from the converted checkpoint; its
+  # checkpoint (a TrainState: params, opt_state, NNX auxiliaries) converted back: MaxText's logits on the trained
+  # checkpoint against transformers' on the HF model it becomes.
+  sft: bool = False
   # One bit of one stored chunk flipped after the conversion: MaxText's load must fail on the chunk's checksum.
   damaged: bool = False
 
@@ -250,6 +257,8 @@ def run_case(case: Case) -> Case:
       rc = _maxtext_lora_export(case, out_dir, overrides_path, logits_path, log)
     elif case.lora_restore:
       rc = _maxtext_lora_restore(case, out_dir, overrides_path, logits_path, log)
+    elif case.sft:
+      rc = _maxtext_sft(case, out_dir, overrides, overrides_path, logits_path, log)
     else:
       rc = _run_maxtext([f"--checkpoint={os.path.join(out_dir, '0', 'items')}", f"--model_name={case.maxtext_model}",
                          f"--overrides=@{overrides_path}", *inputs, f"--output={logits_path}"], log)
@@ -357,6 +366,40 @@ def _maxtext_lora_restore(case: Case, out_dir: str, overrides_path: str, logits_
   return rc
 
 
+def _maxtext_sft(case: Case, out_dir: str, overrides: dict, overrides_path: str, logits_path: str, log: str) -> int:
+  """Two steps of MaxText's SFT trainer from the converted checkpoint; its last checkpoint converted back to
+  HuggingFace (`case.reference` becomes transformers' logits on it) and run by MaxText (`logits_path`)."""
+  from tools import validate_lib  # pylint: disable=g-import-not-at-top
+
+  package = subprocess.run([FLAGS.maxtext_python, "-c", "import maxtext, os; print(os.path.dirname(maxtext.__file__))"],
+                           capture_output=True, text=True, env=_maxtext_env(), check=True).stdout.strip()
+  run_dir = os.path.join(case.work, "sft")
+  settings = [f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in overrides.items()]
+  rc = _run([FLAGS.maxtext_python, "-m", "maxtext.trainers.post_train.sft.train_sft_native",
+             os.path.join(package, "configs", "base.yml"), f"model_name={case.maxtext_model}",
+             "override_model_config=True", *settings, "run_name=sft", f"base_output_directory={run_dir}",
+             f"load_parameters_path={os.path.join(out_dir, '0', 'items')}", "steps=2", "checkpoint_period=1",
+             "per_device_batch_size=1", "max_target_length=16", "dataset_type=synthetic", "hardware=cpu",
+             "skip_jax_distributed_system=True", "attention=dot_product", "weight_dtype=float32", "dtype=float32",
+             "enable_goodput_recording=False"], os.path.join(case.work, "sft.log"), _maxtext_env())
+  trained = os.path.join(run_dir, "sft", "checkpoints", "1", "items")
+  back = os.path.join(case.work, "sft_hf")
+  if rc == 0:
+    rc = _run([sys.executable, CONVERTER, "--direction=to_huggingface", f"--checkpoint_path={trained}",
+               f"--hf_config_path={case.hf_dir}", f"--output_dir={back}"], os.path.join(case.work, "back.log"),
+              _converter_env())
+  if rc == 0:  # MaxText's own checkpoint records none of our metadata (the tree check's logical axes).
+    rc = _run_maxtext([f"--checkpoint={trained}", f"--model_name={case.maxtext_model}", f"--overrides=@{overrides_path}",
+                       f"--token_ids={case.ids_path}", f"--output={logits_path}", "--allow_tree_mismatch"], log)
+  if rc == 0:
+    base = case.reference
+    with _TRANSFORMERS:
+      case.reference = validate_lib.reference_logits(back, np.load(case.ids_path))
+    if validate_lib.compare_logits(case.reference, base)[0] < 10 * FLAGS.atol:
+      raise RuntimeError("two SFT steps did not move the logits: the check could not tell the base from the trained")
+  return rc
+
+
 def _run_processes(command: list[str], count: int, log: str) -> int:
   """`command` as `count` processes of one conversion (a coordinator on 127.0.0.1); the first non-zero status."""
   from tools.ports import free_port  # pylint: disable=g-import-not-at-top
@@ -451,6 +494,7 @@ def main(argv: list[str]) -> int:
           if any(flag.startswith(prefix) for flag in case.converter_flags))
       model += " lora->peft" if case.lora_export else ""
       model += " peft->lora" if case.lora_restore else ""
+      model += " sft->hf" if case.sft else ""
       model += " damaged" if case.damaged else ""
       shipped = "" if np.isnan(case.shipped_diff) else f"  (as shipped {case.shipped_diff:.2e}, floor {case.shipped_floor:g})"
       print(f"{model:<20} {case.maxtext_model:<17} {'on' if case.scan else 'off':<4} {diff:>10} {agree:>8}"
@@ -523,6 +567,11 @@ def main(argv: list[str]) -> int:
                           os.path.join(model_dir, "scan_on_lora_restore"), lora_restore=adapter)):
           cases.append(case)
           futures.append(pool.submit(lambda c: report(run_case(c)) or c, case))
+      if name in FLAGS.sft_families and True in scans and True in spec.scans and not spec.inputs:
+        case = Case(name, tiny_models.TINY_MODELS[name].maxtext_model, True, hf_dir, ids_path, reference,
+                    os.path.join(model_dir, "scan_on_sft"), sft=True)
+        cases.append(case)
+        futures.append(pool.submit(lambda c: report(run_case(c)) or c, case))
     concurrent.futures.wait(futures)
   for worker in _all_workers:
     worker.close()
