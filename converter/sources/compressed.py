@@ -164,7 +164,8 @@ def _path(group: str, key: str) -> str:
 
 
 def _scheme(group: str, weights: Any, default_format: Any, config_path: str) -> Scheme:
-  """The group's weight scheme, or a ConversionError naming the key it cannot read exactly."""
+  """The group's weight scheme, stored in `default_format` (the group's own `format`, else the config's), or a
+  ConversionError naming the key it cannot read exactly."""
   if not isinstance(weights, Mapping):
     raise ConversionError(f"{config_path}: {_path(group, '')[:-1]} is {weights!r}; expected the weights' scheme")
 
@@ -172,7 +173,7 @@ def _scheme(group: str, weights: Any, default_format: Any, config_path: str) -> 
     return ConversionError(f"{config_path}: {_path(group, key)} {weights.get(key)!r}: {why}")
 
   kind, bits, strategy = weights.get("type"), weights.get("num_bits"), weights.get("strategy")
-  fmt = weights.get("format") or default_format
+  fmt = default_format
   if fmt not in FORMATS:
     raise ConversionError(f"{config_path}: quantization_config format {fmt!r} (group {group}) is not supported;"
                           f" supported: {', '.join(FORMATS)}")
@@ -255,7 +256,9 @@ def _targets(quantization: Mapping[str, Any], config_path: str) -> _Targets:
                             " expected a list of module names, \"re:\" regexes or class names")
     if entry.get("weights") is None:
       continue  # Activations only: the weights are stored as they are.
-    groups[group] = (_scheme(group, entry["weights"], quantization.get("format"), config_path), tuple(targets))
+    # A mixed-precision checkpoint names each group's format beside its scheme.
+    fmt = entry.get("format") or quantization.get("format")
+    groups[group] = (_scheme(group, entry["weights"], fmt, config_path), tuple(targets))
   ignore = quantization.get("ignore") or []
   if not isinstance(ignore, list) or not all(isinstance(t, str) for t in ignore):
     raise ConversionError(f"{config_path}: quantization_config.ignore is {ignore!r}; expected a list of names")

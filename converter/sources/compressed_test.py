@@ -222,6 +222,32 @@ class ScaledCodesTest(parameterized.TestCase):
       np.testing.assert_array_equal(tensor.read(np.float32, (slice(3, 5),), transpose=True), expected[3:5].T)
 
 
+class MixedPrecisionTest(absltest.TestCase):
+
+  def test_each_group_is_read_in_its_own_format(self):
+    """`format: mixed-precision`: INT4 experts packed, FP8 attention per channel, each group naming its format."""
+    int4 = _int_args(group_size=16)
+    tensors, expected = _packed(8, 48, int4)
+    rng = np.random.default_rng(2)
+    codes = rng.standard_normal((6, 48)).astype(np.float32).astype(ml_dtypes.float8_e4m3fn)
+    scale = (rng.random((6, 1)) + 0.5).astype(np.float32)
+    attention = "model.layers.1.self_attn.o_proj"
+    tensors.update({f"{attention}.weight": codes, f"{attention}.weight_scale": scale})
+    config = _config(int4, "mixed-precision")
+    quantization = config["quantization_config"]
+    quantization["ignore"] = []
+    quantization["config_groups"] = {
+        "experts": {"targets": [r"re:.*mlp\.experts.*"], "weights": int4, "format": "pack-quantized"},
+        "attention": {"targets": [r"re:.*self_attn.*"], "format": "float-quantized",
+                      "weights": dict(num_bits=8, type="float", symmetric=True, strategy="channel")}}
+    source = _source(tensors, config)
+    np.testing.assert_array_equal(source.tensors[f"{MODULE}.weight"].read(), expected)
+    np.testing.assert_array_equal(source.tensors[f"{attention}.weight"].read(), codes.astype(np.float32) * scale)
+    del quantization["config_groups"]["attention"]["format"]
+    with self.assertRaisesRegex(ConversionError, "format 'mixed-precision' \\(group attention\\)"):
+      _source(tensors, config)
+
+
 class KimiLayoutTest(absltest.TestCase):
 
   def test_the_quantization_config_under_text_config_is_read(self):
