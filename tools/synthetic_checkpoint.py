@@ -328,6 +328,19 @@ def qwen3_5_fp8_for_bytes(target_bytes: int, itemsize: int = 1) -> dict:
                             experts=experts, vocab=vocab)
 
 
+def _vit_blocks(prefix: str, depth: int, hidden: int, norms: tuple[str, str],
+                linears) -> Iterator[tuple[str, tuple[int, ...], np.dtype]]:
+  """A vision transformer's blocks in BF16: two layer norms and (name, out, in) linears, each with its bias."""
+  bf16 = np.dtype(ml_dtypes.bfloat16)
+  for i in range(depth):
+    for norm in norms:
+      yield f"{prefix}.{i}.{norm}.weight", (hidden,), bf16
+      yield f"{prefix}.{i}.{norm}.bias", (hidden,), bf16
+    for name, out, fan_in in linears:
+      yield f"{prefix}.{i}.{name}.weight", (out, fan_in), bf16
+      yield f"{prefix}.{i}.{name}.bias", (out,), bf16
+
+
 def _qwen3_5_vision(config: dict) -> Iterator[tuple[str, tuple[int, ...], np.dtype]]:
   """The vision tower's tensors under `model.visual.`, all BF16: patch embedding, position table, blocks, merger."""
   v, bf16 = config["vision_config"], np.dtype(ml_dtypes.bfloat16)
@@ -337,14 +350,7 @@ def _qwen3_5_vision(config: dict) -> Iterator[tuple[str, tuple[int, ...], np.dty
   yield "model.visual.patch_embed.proj.bias", (D,), bf16
   yield "model.visual.pos_embed.weight", (v["num_position_embeddings"], D), bf16
   linears = [("attn.qkv", 3 * D, D), ("attn.proj", D, D), ("mlp.linear_fc1", I, D), ("mlp.linear_fc2", D, I)]
-  for i in range(v["depth"]):
-    b = f"model.visual.blocks.{i}"
-    for norm in ("norm1", "norm2"):
-      yield f"{b}.{norm}.weight", (D,), bf16
-      yield f"{b}.{norm}.bias", (D,), bf16
-    for name, out, fan_in in linears:
-      yield f"{b}.{name}.weight", (out, fan_in), bf16
-      yield f"{b}.{name}.bias", (out,), bf16
+  yield from _vit_blocks("model.visual.blocks", v["depth"], D, ("norm1", "norm2"), linears)
   yield "model.visual.merger.norm.weight", (D,), bf16
   yield "model.visual.merger.norm.bias", (D,), bf16
   for name, out, fan_in in (("linear_fc1", merged, merged), ("linear_fc2", v["out_hidden_size"], merged)):
@@ -644,14 +650,7 @@ def _kimi_vision(config: dict) -> Iterator[tuple]:
   yield "vision_tower.patch_embed.proj.bias", (D,), bf16
   yield "vision_tower.patch_embed.pos_emb.weight", (v["init_pos_emb_height"], v["init_pos_emb_width"], D), bf16
   linears = (("wqkv", 3 * D, D), ("wo", D, D), ("mlp.fc0", I, D), ("mlp.fc1", D, I))
-  for i in range(v["vt_num_hidden_layers"]):
-    b = f"vision_tower.encoder.blocks.{i}"
-    for norm in ("norm0", "norm1"):
-      yield f"{b}.{norm}.weight", (D,), bf16
-      yield f"{b}.{norm}.bias", (D,), bf16
-    for name, out, fan_in in linears:
-      yield f"{b}.{name}.weight", (out, fan_in), bf16
-      yield f"{b}.{name}.bias", (out,), bf16
+  yield from _vit_blocks("vision_tower.encoder.blocks", v["vt_num_hidden_layers"], D, ("norm0", "norm1"), linears)
   yield "vision_tower.encoder.final_layernorm.weight", (D,), bf16
   yield "vision_tower.encoder.final_layernorm.bias", (D,), bf16
   merged = v["mm_hidden_size"] * math.prod(v["merge_kernel_size"])
