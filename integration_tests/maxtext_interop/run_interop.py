@@ -381,7 +381,9 @@ def _maxtext_sft(case: Case, out_dir: str, overrides: dict, overrides_path: str,
              f"load_parameters_path={os.path.join(out_dir, '0', 'items')}", "steps=2", "checkpoint_period=1",
              "per_device_batch_size=1", "max_target_length=16", "dataset_type=synthetic", "hardware=cpu",
              "skip_jax_distributed_system=True", "attention=dot_product", "weight_dtype=float32", "dtype=float32",
-             "enable_goodput_recording=False"], os.path.join(case.work, "sft.log"), _maxtext_env())
+             "enable_goodput_recording=False",  # MaxText's trainer makes its HLO dump directory even when not dumping.
+             f"dump_hlo_local_dir={os.path.join(run_dir, 'xla_dump')}"],
+            os.path.join(case.work, "sft.log"), _maxtext_env())
   trained = os.path.join(run_dir, "sft", "checkpoints", "1", "items")
   back = os.path.join(case.work, "sft_hf")
   if rc == 0:
