@@ -130,16 +130,8 @@ class CompressedTensor:
     per = 32 // self.scheme.bits
     first = cols.start // per
     words = self.codes.read(None, (rows, slice(first, -(-cols.stop // per))))
-    table = _TABLES[self.scheme.bits]
-    values = np.empty(words.shape + (4, table.shape[1]), np.float32)
-    # Every byte is in the table: "clip" never clips, and, unlike the default "raise", writes unbuffered.
-    np.take(table, words.astype("<i4", copy=False).view(np.uint8).reshape(values.shape[:-1]), axis=0, out=values,
-            mode="clip")
-    values = values.reshape(words.shape[0], -1)
-    begin = cols.start - first * per
-    if begin == 0 and values.shape[-1] == cols.stop - cols.start:
-      return values
-    return np.ascontiguousarray(values[:, begin : begin + cols.stop - cols.start])
+    return scaled.decode_bytes(words.astype("<i4", copy=False), _TABLES[self.scheme.bits], cols.start - first * per,
+                               cols.stop - cols.start)
 
   def _check_stored_shape(self) -> None:
     info = self.stored_shape
@@ -288,7 +280,7 @@ def _weight(module: str, scheme: Scheme, stored: Mapping[str, TensorInfo], shape
   wanted = {PACKED: ("I32",), INT: ("I8",), FLOAT: ("F8_E4M3",)}[scheme.format]
   if codes.dtype_code not in wanted or len(codes.shape) != 2:
     raise ConversionError(f"{where} is {codes.dtype_code} {codes.shape}; expected a 2-D {' or '.join(wanted)} tensor")
-  stored_shape = _stored_shape_info(stored, module) if scheme.format == PACKED else None
+  stored_shape = stored[f"{module}.weight_shape"] if scheme.format == PACKED else None  # Checked by _read_shapes.
   shape = codes.shape
   if scheme.format == PACKED:
     shape = shapes[module]
@@ -318,17 +310,15 @@ def _read_shapes(stored: Mapping[str, TensorInfo], modules: Mapping[str, Scheme]
   scheme alike: three for Kimi K2's 69,120 experts) read now, the others' read when each is first read
   (`CompressedTensor.read`). Reading all of them here took 12 s to 3 minutes for Kimi-K2.6 from local files
   (69,120 page faults over 139 shards), and would be 69,120 requests from a bucket, before planning."""
-  layouts: dict[tuple, str] = {}
+  first_of_layout: dict[tuple, str] = {}
+  layout_of: dict[str, tuple] = {}
   for module, scheme in modules.items():
     info = _stored_shape_info(stored, module)
-    layout = (stored[module + ".weight_packed"].shape, stored[module + ".weight_scale"].shape
-              if module + ".weight_scale" in stored else None, scheme)
-    layouts.setdefault(layout, info.name)
-  read = lambda name: tuple(int(d) for d in stored[name].read())
-  first = {name: read(name) for name in layouts.values()}
-  return {module: first[layouts[(stored[module + ".weight_packed"].shape, stored[module + ".weight_scale"].shape
-                                 if module + ".weight_scale" in stored else None, scheme)]]
-          for module, scheme in modules.items()}
+    scale = stored.get(module + ".weight_scale")
+    layout_of[module] = (stored[module + ".weight_packed"].shape, scale.shape if scale is not None else None, scheme)
+    first_of_layout.setdefault(layout_of[module], info.name)
+  read = {name: tuple(int(d) for d in stored[name].read()) for name in first_of_layout.values()}
+  return {module: read[first_of_layout[layout]] for module, layout in layout_of.items()}
 
 
 def compressed_tensors_source(plain: SafetensorsSource, quantization: Mapping[str, Any],

@@ -74,16 +74,9 @@ class Fp4Tensor:
 
   def _codes(self, lead: tuple[slice, ...], rows: slice, cols: slice) -> np.ndarray:
     """The e2m1 values of `cols` of `rows` in float32, from the bytes that hold them."""
-    first = cols.start - cols.start % 2
-    packed = self.packed.read(None, (*lead, rows, slice(first // 2, -(-cols.stop // 2))))
-    values = np.empty(packed.shape + (2,), np.float32)
-    # Every byte is in the table: "clip" never clips, and, unlike the default "raise", writes unbuffered (10x
-    # faster than indexing the table with the bytes).
-    np.take(PAIRS, packed.view(np.uint8), axis=0, out=values, mode="clip")
-    values = values.reshape(packed.shape[:-1] + (-1,))
-    if cols.start == first and values.shape[-1] == cols.stop - cols.start:
-      return values
-    return np.ascontiguousarray(values[..., cols.start - first : cols.stop - first])
+    first = cols.start // 2
+    packed = self.packed.read(None, (*lead, rows, slice(first, -(-cols.stop // 2))))
+    return scaled.decode_bytes(packed, PAIRS, cols.start - 2 * first, cols.stop - cols.start)
 
 
 def fp4_tensor(packed: TensorInfo, scale: TensorInfo) -> Fp4Tensor:

@@ -25,6 +25,20 @@ CodeReader = Callable[[tuple[slice, ...], slice, slice], np.ndarray]
 ScaleReader = Callable[[tuple[slice, ...], slice, slice], np.ndarray]
 
 
+def decode_bytes(data: np.ndarray, table: np.ndarray, begin: int, count: int) -> np.ndarray:
+  """`count` codes from the `begin`-th of the bytes `data` (..., n) hold, as float32 (..., count): each byte's
+  codes are its row of `table` (256, codes a byte), lowest bits first (FP4's e2m1 pairs, packed INT2/4/8)."""
+  data = data.view(np.uint8)
+  values = np.empty(data.shape + (table.shape[1],), np.float32)
+  # Every byte is in the table: "clip" never clips, and, unlike the default "raise", writes unbuffered (10x faster
+  # than indexing the table with the bytes).
+  np.take(table, data, axis=0, out=values, mode="clip")
+  values = values.reshape(data.shape[:-1] + (-1,))
+  if begin == 0 and values.shape[-1] == count:
+    return values
+  return np.ascontiguousarray(values[..., begin : begin + count])
+
+
 def _steps(start: int, stop: int, step: int, block: int) -> list[tuple[int, int]]:
   """[start, stop) cut into pieces of `step`, which end on `block` edges where `step` holds whole blocks."""
   pieces, left = [], start
