@@ -35,7 +35,7 @@ from converter.output.huggingface import HuggingFaceOutput
 from converter.output.record import ConversionRecord, step_custom_metadata
 from converter.reverse_plan import hf_config_of, items_path_of, leaf_index
 from converter.safetensors_output import SafetensorsStreamWriter, TensorSpec
-from converter.sources.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, LORA_A, LORA_B, PREFIX
+from converter.sources.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, LORA_A, LORA_B, PREFIX, add_update
 
 LORA_A_SUFFIX, LORA_B_SUFFIX = "_lora_a", "_lora_b"
 _OUT_SIDE_OPS = (InterleaveRope, ScaleInFloat32, DivideInFloat32)  # Each acts on the last axis or elementwise.
@@ -279,21 +279,20 @@ def _read(reader, leaf: tuple[str, ...], index: tuple[Any, ...]) -> np.ndarray:
 
 @dataclasses.dataclass(frozen=True)
 class Merge:
-  """A MaxText LoRA checkpoint merged into HF weights as they are written back: W + (alpha / r) B A, in float32."""
+  """A MaxText LoRA checkpoint merged into HF weights as they are written back: W + (B A) alpha / r, in float32,
+  as the forward direction merges a PEFT adapter (`sources.lora.add_update`)."""
 
   export: AdapterExport
   reader: Any  # The LoRA checkpoint's CheckpointReader.
-
-  @property
-  def weights(self) -> dict[str, AdapterModule]:
-    return {f"{m.module}.weight": m for m in self.export.modules}
+  weights: dict[str, AdapterModule]  # By the HF weight each adapts (looked up for every piece written back).
 
   def merged(self, module: AdapterModule, weight: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """`weight` (HF's (out, in)) plus the module's update, rounded once to `dtype`."""
     a, b = peft_factors(module.sides, _read(self.reader, module.leaf_a, module.index).astype(np.float32),
                         _read(self.reader, module.leaf_b, module.index).astype(np.float32))
-    update = (self.export.alpha / self.export.rank) * (b @ a)
-    return (weight.astype(np.float32) + update).astype(dtype)
+    merged = weight.astype(np.float32)
+    add_update(merged, b, a, self.export.alpha / self.export.rank)
+    return merged.astype(dtype)
 
 
 def plan_merge(lora_checkpoint_path: str, options: ReverseOptions, family: str, target_model: str,
@@ -305,4 +304,5 @@ def plan_merge(lora_checkpoint_path: str, options: ReverseOptions, family: str, 
   items_path = items_path_of(lora_checkpoint_path)
   reader = CheckpointReader(items_path)
   options = dataclasses.replace(options, family=family, target_model=target_model)
-  return Merge(plan_adapter_export(items_path, options, reader, base=base), reader)
+  export = plan_adapter_export(items_path, options, reader, base=base)
+  return Merge(export, reader, {f"{m.module}.weight": m for m in export.modules})

@@ -15,7 +15,6 @@ directory: a local directory, a bucket, or a Hub repo id at its revision (only t
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 
 from absl import logging
@@ -105,7 +104,7 @@ def read_serving_files(original: Original) -> dict[str, bytes]:
     paths = {n: p for n, p in paths.items() if storage.is_file(p)}
   files = {}
   for name, path in sorted(paths.items()):
-    size = os.path.getsize(path) if not storage.is_remote(path) else storage.size(path)
+    size = storage.size(path)
     if size > MAX_FILE_BYTES:
       logging.warning("%s: %s is %d MiB; not copied (not a file a server reads besides the weights)",
                       original.describe(), name, size >> 20)

@@ -267,7 +267,6 @@ class LoraMergedTensor:
     temporaries stay small beside it whatever the region (whole-region ones were eight times a block)."""
     rows, cols = as_slices(self.shape, region) + tuple(slice(0, d) for d in self.shape[len(region):])
     a = self.lora.a.read(np.float32, (slice(None), cols))
-    scale = np.float32(self.lora.scale)
     width = cols.stop - cols.start
     out = np.empty(placed_shape((rows.stop - rows.start, width), transpose),
                    dtype=self.dtype if dtype is None else dtype)
@@ -275,11 +274,16 @@ class LoraMergedTensor:
     for start in range(rows.start, rows.stop, step):
       slab = slice(start, min(start + step, rows.stop))
       merged = self.base.read(np.float32, (slab, cols))
-      delta = _product(self.lora.b.read(np.float32, (slab,)), a)
-      merged += np.multiply(delta, scale, out=delta)  # PEFT's get_delta_weight: (B @ A) * scaling.
+      add_update(merged, self.lora.b.read(np.float32, (slab,)), a, self.lora.scale)
       placed = slice(slab.start - rows.start, slab.stop - rows.start)
       copy_into(out[:, placed] if transpose else out[placed], merged, transpose)
     return squeeze_ints(out, region)
+
+
+def add_update(weight: np.ndarray, b: np.ndarray, a: np.ndarray, scale: float) -> None:
+  """`weight += (B @ A) * scale` in float32, in place: PEFT's get_delta_weight, summed as `_product` sums."""
+  delta = _product(b, a)
+  weight += np.multiply(delta, np.float32(scale), out=delta)
 
 
 def _product(b: np.ndarray, a: np.ndarray) -> np.ndarray:
