@@ -4,6 +4,7 @@ parts, parts joined into the slots of one value. Large tensors are read a slab o
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Callable
 
@@ -197,6 +198,42 @@ class FromTensor:
     rows = slice(min(start * slabs.unit, stored), min(stop * slabs.unit, stored))
     x = self._read(self.lead + (rows,), slab_ops(self.ops, slabs, stop - start))
     return x[tuple(slice(None) if axis == slabs.axis else s for axis, s in enumerate(index))]
+
+
+@dataclasses.dataclass(frozen=True)
+class Copy:
+  """Loader: a source tensor as it is, in `dtype`: a MaxText leaf (or one layer of it) laid out again. Any region
+  is read alone, so its blocks are cut on its outer axes to a slab of at most ROW_BLOCK_BYTES."""
+
+  tensor: SourceTensor
+  dtype: np.dtype
+
+  @property
+  def shape(self) -> Shape:
+    return tuple(self.tensor.shape)
+
+  @functools.cached_property
+  def block_shape(self) -> Shape:
+    block = list(self.shape)
+    for axis in range(len(block)):
+      inner = math.prod(block[axis + 1:]) * self.dtype.itemsize
+      if block[axis] * inner <= ROW_BLOCK_BYTES:
+        break
+      fits = max(1, ROW_BLOCK_BYTES // max(1, inner))
+      block[axis] = max(d for d in range(1, min(block[axis], fits) + 1) if block[axis] % d == 0)
+    return tuple(block)
+
+  def __call__(self) -> np.ndarray:
+    return self.tensor.read(self.dtype)
+
+  def region(self, index: tuple[slice, ...]) -> np.ndarray:
+    return self.tensor.read(self.dtype, tuple(index))
+
+  def source_tensors(self) -> tuple[SourceTensor, ...]:
+    return (self.tensor,)
+
+  def map_reads(self, read: Callable[[Loader], Loader]) -> Loader:
+    return read(self)
 
 
 @dataclasses.dataclass(frozen=True)

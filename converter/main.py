@@ -54,7 +54,10 @@ flags.DEFINE_boolean("lora_adapter_only", False, "to_maxtext with --lora_adapter
                      " (docs/lora.md).")
 flags.DEFINE_string("output_dir", None, "to_maxtext: directory for the Orbax checkpoint (step 0 is written to"
                     " OUTPUT_DIR/0). to_huggingface: the HF checkpoint directory to create.")
-flags.DEFINE_string("checkpoint_path", None, "to_huggingface: the Orbax checkpoint to read, e.g. OUTPUT_DIR/0/items.")
+flags.DEFINE_string("checkpoint_path", None, "A MaxText checkpoint to read (OUTPUT_DIR/0/items, or a step directory):"
+                    " to_huggingface: converted back. to_maxtext (instead of --hf_model_path): laid out again as a"
+                    " params-only checkpoint with --scan_layers, --save_dtype and the chunk flags (ours, MaxText's"
+                    " converter's, or a trainer's TrainState; docs/relayout.md).")
 flags.DEFINE_enum("export", "model", ["model", "lora_adapter"], "to_huggingface: model: the HF checkpoint."
                   " lora_adapter: a MaxText LoRA checkpoint's qwix factors (kernel_lora_a / kernel_lora_b) as a PEFT"
                   " adapter directory (adapter_config.json + adapter_model.safetensors) for the base model of"
@@ -65,8 +68,8 @@ flags.DEFINE_string("lora_checkpoint_path", None, "to_huggingface: a MaxText LoR
                     " MaxText LoRA run, or ours) merged in float32 into --checkpoint_path's base: one full HF model"
                     " (docs/lora.md).")
 flags.DEFINE_string("max_shard_size", "5GB", "to_huggingface: largest safetensors shard, e.g. 5GB, 500MB, 2GiB.")
-flags.DEFINE_string("family", None, "to_huggingface: model family (default: recorded in the checkpoint metadata).")
-flags.DEFINE_string("hf_config_path", None, "to_huggingface: the original config.json (or its directory), for"
+flags.DEFINE_string("family", None, "--checkpoint_path: model family (default: recorded in the checkpoint metadata).")
+flags.DEFINE_string("hf_config_path", None, "--checkpoint_path: the original config.json (or its directory), for"
                     " checkpoints whose metadata does not record it (e.g. written by MaxText).")
 flags.DEFINE_boolean("scan_layers", True, "Stack decoder layers into one leaf per parameter (MaxText scan_layers).")
 flags.DEFINE_boolean("lazy_load_tensors", True, "Read each tensor only when Orbax writes it (false: read all first).")
@@ -118,6 +121,10 @@ flags.DEFINE_boolean("progress", True, "Progress bar on stderr (bytes, throughpu
 @flags.multi_flags_validator(["direction", "hf_model_path", "checkpoint_path", "output_dir"])
 def _required_for_direction(values: dict) -> bool:
   required = {"to_maxtext": ["hf_model_path", "output_dir"], "to_huggingface": ["checkpoint_path", "output_dir"]}
+  if values["direction"] == "to_maxtext" and values["checkpoint_path"]:
+    if values["hf_model_path"]:
+      raise flags.ValidationError("--direction=to_maxtext reads --hf_model_path or --checkpoint_path, not both")
+    required["to_maxtext"] = ["checkpoint_path", "output_dir"]
   missing = [f"--{name}" for name in required[values["direction"]] if not values[name]]
   if missing:
     raise flags.ValidationError(f"--direction={values['direction']} requires {' and '.join(missing)}")
@@ -245,6 +252,8 @@ def run() -> None:
     _run_to_huggingface()
   elif FLAGS["export"].present or FLAGS["lora_alpha"].present or FLAGS["lora_checkpoint_path"].present:
     raise app.UsageError("--export, --lora_alpha and --lora_checkpoint_path apply to --direction=to_huggingface only")
+  elif not FLAGS.checkpoint_path and (FLAGS["family"].present or FLAGS["hf_config_path"].present):
+    raise app.UsageError("--family and --hf_config_path apply to a MaxText checkpoint (--checkpoint_path) only")
   elif FLAGS.lora_adapter_only:
     _write_lora_checkpoint()
   elif FLAGS.dry_run:
@@ -260,13 +269,25 @@ def run() -> None:
       # Planned before JAX and Orbax load (over half a second): a bad input fails at once, and the first bytes
       # are on their way, and the first blocks read on the idle core, while they load. (Several processes join
       # first and read their own shares; a resumed save skips the blocks it has.)
-      plan = conversion.plan_conversion(_model_path(FLAGS.hf_model_path), _plan_options())
+      plan = _plan()
       conversion.read_ahead(plan, FLAGS.max_inflight_bytes)
       if FLAGS.lazy_load_tensors and not FLAGS.resume:
         early_reads = conversion.read_early(plan, _save_options())
     _start_jax(FLAGS.simulated_cpu_devices_count, distributed=True)
-    _run_to_maxtext(plan or conversion.plan_conversion(_model_path(FLAGS.hf_model_path), _plan_options()), start,
+    _run_to_maxtext(plan or _plan(), start,
                     early_reads)
+
+
+def _plan() -> Plan:
+  """What --direction=to_maxtext writes: --hf_model_path converted, or --checkpoint_path laid out again."""
+  if FLAGS.checkpoint_path:
+    from converter import relayout  # pylint: disable=g-import-not-at-top
+
+    return relayout.plan_relayout(_resolve(FLAGS.checkpoint_path), _plan_options(), family=FLAGS.family,
+                                  hf_config_path=_resolve(FLAGS.hf_config_path) if FLAGS.hf_config_path else None)
+  from converter import conversion  # pylint: disable=g-import-not-at-top
+
+  return conversion.plan_conversion(_model_path(FLAGS.hf_model_path), _plan_options())
 
 
 def _several_processes() -> bool:
@@ -305,6 +326,8 @@ def _run_to_maxtext(plan: Plan, start: float, early_reads: EarlyReads | None = N
   plan = result.plan
   print(f"family:        {plan.family.name} ({plan.config.architecture}), target model {plan.target_model}")
   print(f"leaves:        {len(plan.leaves)} ({'scanned' if plan.scan_layers else 'unscanned'}, {plan.save_dtype.name})")
+  if FLAGS.checkpoint_path:
+    print(f"source:        MaxText checkpoint {plan.source.location} (params only)")
   if plan.fp8:
     print(f"source:        {plan.source.quant_method} weights, kept as {plan.fp8.weight_dtype} with their scales"
           f" ({plan.fp8.block}-element blocks)")
@@ -394,7 +417,7 @@ def _dry_run() -> None:
   from converter.output.maxtext import MaxTextOutput  # pylint: disable=g-import-not-at-top
 
   _start_up_done()
-  plan = conversion.plan_conversion(_model_path(FLAGS.hf_model_path), _plan_options())
+  plan = _plan()
   shares = None
   if FLAGS.num_processes > 1:
     import jax  # pylint: disable=g-import-not-at-top

@@ -188,7 +188,7 @@ class _Sources:
     return FromTensor(tensor, lead, ops, dtype, shape), shape
 
 
-def _stack(parts: list[tuple[Loader, Shape]], axis: int, dtype: np.dtype) -> tuple[Loader, Shape]:
+def stack(parts: list[tuple[Loader, Shape]], axis: int, dtype: np.dtype) -> tuple[Loader, Shape]:
   part_shape = parts[0][1]
   shape = part_shape[:axis] + (len(parts),) + part_shape[axis:]
   return Stack(tuple(p for p, _ in parts), axis, shape, dtype), shape
@@ -208,11 +208,11 @@ def _param_loader(sources: _Sources, param: Param, layer: int | None, dtype: np.
   if param.experts_in_tensor:
     name = param.hf.format(layer=layer)
     parts = [sources.load(name, param.hf_shape, param.ops, dtype, lead=(e,)) for e in range(param.experts)]
-    loader, shape = _stack(parts, 0, dtype)
+    loader, shape = stack(parts, 0, dtype)
     return loader, shape, sources.stored([name])
   names = [param.hf.format(layer=layer, expert=e) for e in range(param.experts)]
   parts = [sources.load(n, param.hf_shape, param.ops, dtype) for n in names]
-  loader, shape = _stack(parts, 0, dtype)
+  loader, shape = stack(parts, 0, dtype)
   return loader, shape, sources.stored(names)
 
 
@@ -235,7 +235,7 @@ def _leaf_loader(sources: _Sources, params: list[Param], layer: int | None,
   return JoinSlots(tuple(parts), shape, dtype), shape, names
 
 
-def _by_leaf(params: tuple[Param, ...]) -> dict[str, list[Param]]:
+def by_leaf(params: tuple[Param, ...]) -> dict[str, list[Param]]:
   """Params by the leaf they write, in order of first appearance."""
   leaves: dict[str, list[Param]] = {}
   for param in params:
@@ -243,7 +243,7 @@ def _by_leaf(params: tuple[Param, ...]) -> dict[str, list[Param]]:
   return leaves
 
 
-def _axes(param: Param, rank: int) -> tuple[str | None, ...] | None:
+def leaf_axes(param: Param, rank: int) -> tuple[str | None, ...] | None:
   """MaxText's logical axes of one layer's value of `param`'s leaf: the family's where it names them."""
   return param.logical_axes if param.logical_axes is not None else logical_axes.per_layer(param.maxtext, rank)
 
@@ -260,7 +260,7 @@ def _leaf_dtype(sources: _Sources, params: list[Param], layer: int | None, save_
 def _layer_leaves(sources: _Sources, layout: Layout, save_dtype: np.dtype) -> Iterator[Leaf]:
   for group in layout.groups:
     group = group.resolved(sources.shape)
-    for maxtext, params in _by_leaf(group.params).items():
+    for maxtext, params in by_leaf(group.params).items():
       dtype = _leaf_dtype(sources, params, next(iter(group.positions()))[1], save_dtype)
       per_layer = {layer: _leaf_loader(sources, params, layer, dtype) for _, layer in group.positions()}
       names = tuple(dict.fromkeys(n for _, _, ns in per_layer.values() for n in ns))
@@ -268,15 +268,15 @@ def _layer_leaves(sources: _Sources, layout: Layout, save_dtype: np.dtype) -> It
       axis = params[0].scan_axis
       if not group.stacked:
         (loader, shape, _), = per_layer.values()
-        axes = _axes(params[0], len(shape))
+        axes = leaf_axes(params[0], len(shape))
       elif group.nested:  # Layers of a block on the scan axis, then the blocks in front of them.
-        blocks = [_stack([per_layer[layer][:2] for layer in block], axis, dtype) for block in group.layers]
-        loader, shape = _stack(blocks, axis, dtype)
+        blocks = [stack([per_layer[layer][:2] for layer in block], axis, dtype) for block in group.layers]
+        loader, shape = stack(blocks, axis, dtype)
       else:
-        loader, shape = _stack([per_layer[layer][:2] for layer in group.layers], axis, dtype)
+        loader, shape = stack([per_layer[layer][:2] for layer in group.layers], axis, dtype)
       if group.stacked:
         stacking = group.stacking_names
-        axes = logical_axes.stacked(_axes(params[0], len(shape) - len(stacking)), axis, stacking)
+        axes = logical_axes.stacked(leaf_axes(params[0], len(shape) - len(stacking)), axis, stacking)
       yield Leaf(path, shape, dtype, names, loader, axes)
 
 
@@ -324,11 +324,11 @@ def build_plan(source: TensorSource, model: ResolvedModel, options: PlanOptions)
   check_tied_embeddings(tensors, config, layout)
   sources = _Sources(source, tensors, config)
   leaves = []
-  for maxtext, params in _by_leaf(layout.top).items():
+  for maxtext, params in by_leaf(layout.top).items():
     leaf_dtype = _leaf_dtype(sources, params, None, dtype)
     loader, shape, names = _leaf_loader(sources, params, None, leaf_dtype)
     leaves.append(Leaf(tuple(maxtext.split("/")), shape, leaf_dtype, tuple(names), loader,
-                       _axes(params[0], len(shape))))
+                       leaf_axes(params[0], len(shape))))
   leaves.extend(_layer_leaves(sources, layout, dtype))
   ignored = {re.compile(pattern): reason for pattern, reason in model.ignored_tensors().items()}
   skipped: dict[str, list[str]] = {}
@@ -354,7 +354,7 @@ def build_plan(source: TensorSource, model: ResolvedModel, options: PlanOptions)
   fp8 = None
   if options.keep_fp8:
     fp8, leaves = _native_fp8(source, model, leaves)
-  leaves = [_chunked(leaf, options.chunking) for leaf in leaves]
+  leaves = [chunked(leaf, options.chunking) for leaf in leaves]
   return Plan(model, source, target_vocab, scan_layers, dtype, tuple(leaves), tuple(unused), tuple(warnings), fp8,
               options.chunking)
 
@@ -367,7 +367,7 @@ def default_zstd_level(dequantizing: bool) -> int:
   return 3 if dequantizing else 1
 
 
-def _chunked(leaf: Leaf, rule: ChunkRule) -> Leaf:
+def chunked(leaf: Leaf, rule: ChunkRule) -> Leaf:
   """`leaf` with its stored chunks cut by `rule`; where chunks are cut and the loader can read in its sources'
   layout, it does, and the chunks keep that layout: the kernels' transposes are then done by the store's own
   copy into its chunks, in memory order, instead of by a transposing copy before it (docs/benchmarks.md)."""

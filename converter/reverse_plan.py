@@ -158,7 +158,7 @@ def leaf_index(param: Param, expert: int | None, position: tuple[int, ...]) -> t
   return tuple(index)
 
 
-def _leaf_shape(per_tensor: Shape, param: Param, stacking: tuple[int, ...]) -> Shape:
+def leaf_shape(per_tensor: Shape, param: Param, stacking: tuple[int, ...]) -> Shape:
   """The leaf holding `param`: experts first, then (stacked groups) the stacking axes at the param's scan axis;
   a param sharing its leaf fills one slot of it."""
   shape = ((param.experts,) if param.experts else ()) + tuple(per_tensor)
@@ -299,7 +299,7 @@ def plan_to_huggingface(
 
   def add(param: Param, keys: tuple[str, ...], group: LayerGroup | None) -> None:
     if param.constant is not None:
-      leaf(keys, _leaf_shape(tuple(param.hf_shape), param, group.stacking if group and group.stacked else ()))
+      leaf(keys, leaf_shape(tuple(param.hf_shape), param, group.stacking if group and group.stacked else ()))
       constants.append((PARAMS + keys, param.constant))
       return
     try:
@@ -311,7 +311,7 @@ def plan_to_huggingface(
     if param.leaf_slot is not None:
       ops = (param.leaf_slot,) + ops  # First its slot of the shared leaf, then the inverse of its ops.
     stacking = group.stacking if group is not None and group.stacked else ()
-    array = leaf(keys, _leaf_shape(per_tensor, param, stacking))
+    array = leaf(keys, leaf_shape(per_tensor, param, stacking))
     ids = param.ops[0] if param.ops and isinstance(param.ops[0], IntegerIds) else None
     dtype = np.dtype(ids.hf_dtype) if ids is not None else array.dtype
 

@@ -19,6 +19,7 @@ from converter.errors import ConversionError
 from converter.output import layout
 from converter.serving_files import Original
 from converter.sources.lora import LoraMergedSource
+from converter.sources.maxtext import MaxTextSource
 
 KEY = "hf2maxtext"
 PARAMS = ("params", "params")  # Where the checkpoint's tree keeps the leaves the record names.
@@ -54,23 +55,35 @@ class ConversionRecord:
 
   @classmethod
   def of_plan(cls, plan: Any, overrides: dict[str, Any]) -> ConversionRecord:
-    """The record of a conversion of `plan` (converter/plan.py) with MaxText `overrides`."""
+    """The record of a conversion of `plan` (converter/plan.py) with MaxText `overrides`. A MaxText checkpoint laid
+    out again (converter/relayout.py) keeps what its own record says of the original (config, where it was read,
+    its format, a merged adapter), unless --hf_config_path named a config.json."""
+    source = plan.source
+    origin = source.record if isinstance(source, MaxTextSource) else None
+    if origin is not None and not storage.is_file(plan.config.path):
+      hf_config, hf_source = origin.hf_config, origin.hf_source
+    else:
+      hf_config = json.loads(storage.read_text(plan.config.path))
+      hf_source = Original.of_directory(storage.parent(plan.config.path)).record()
+    if isinstance(source, LoraMergedSource):
+      lora_adapter = source.adapter.record(source.merged)
+    else:
+      lora_adapter = origin.lora_adapter if origin is not None else None
     return cls(
         scan_layers=plan.scan_layers,
         family=plan.family.name,
         target_model=plan.target_model,
         hf_architecture=plan.config.architecture,
         save_dtype=plan.save_dtype.name,
-        quant_method=plan.source.quant_method,
+        quant_method=origin.quant_method if origin is not None else source.quant_method,
         fp8=dataclasses.asdict(plan.fp8) if plan.fp8 else None,
         maxtext_overrides=overrides,
-        hf_config=json.loads(storage.read_text(plan.config.path)),
-        hf_source=Original.of_directory(storage.parent(plan.config.path)).record(),
+        hf_config=hf_config,
+        hf_source=hf_source,
         chunking=plan.chunking.record(),
         logical_axes={leaf.name: None if leaf.logical_axes is None else list(leaf.logical_axes)
                       for leaf in plan.leaves},
-        lora_adapter=(plan.source.adapter.record(plan.source.merged)
-                      if isinstance(plan.source, LoraMergedSource) else None),
+        lora_adapter=lora_adapter,
     )
 
   def custom_metadata(self) -> dict[str, Any]:

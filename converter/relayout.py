@@ -1,0 +1,180 @@
+"""MaxText -> MaxText planning: a MaxText checkpoint's parameters as the leaves of another, scanned or not, in
+another dtype and chunk grid, checked up front.
+
+The family's layout is read twice over the same model: once as the source checkpoint stacks its layers (where each
+layer's value of each leaf lies: which leaf, at which positions of its stacking axes), once as the output stacks
+them. An output leaf is then the source's leaf itself (same stacking: re-chunked, cast) or a stack of its layers'
+slices (`loaders.Copy` of `MaxTextTensor.at`): values are copied, never transformed, so every float32 leaf comes
+out bit for bit. The plan is the forward direction's `Plan`, so the output, `--verify`, `--dry_run`, resume and
+several processes treat it as any other.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from converter import families, logical_axes, plan as plan_lib
+from converter.arrays import Shape
+from converter.errors import ConversionError
+from converter.families import LayerGroup, Layout, Param
+from converter.loaders import Copy
+from converter.model_config import parse_model_config
+from converter.ops import output_shape
+from converter.options import PlanOptions
+from converter.reverse_plan import TOWER_SUBTREES, hf_config_of, items_path_of, leaf_shape
+from converter.sources.maxtext import EMBEDDING, MaxTextSource, MaxTextTensor, open_maxtext
+
+# Where one layer's value of one leaf lies in the source: its path below the parameters and the positions on its
+# stacking axes ((axis, position), none for an unstacked group).
+_Located = tuple[str, tuple[tuple[int, int], ...]]
+
+
+def _per_layer_shape(param: Param) -> Shape:
+  """One layer's value of `param`'s leaf (every param of a shared leaf gives the same)."""
+  if param.constant is not None:
+    return tuple(param.hf_shape)
+  return leaf_shape(output_shape(param.ops, param.part_shape), param, ())
+
+
+def _source_layers(layout: Layout) -> dict[tuple[str, int], _Located]:
+  """Where the source keeps each layer's value of each layer leaf, by (its path within the group, MaxText
+  layer)."""
+  layers: dict[tuple[str, int], _Located] = {}
+  for group in layout.groups:
+    group = group.resolved()
+    for maxtext, params in plan_lib.by_leaf(group.params).items():
+      path = "/".join((*group.path, maxtext))
+      for position, layer in group.positions():
+        fixed = tuple((params[0].scan_axis + i, p) for i, p in enumerate(position)) if group.stacked else ()
+        layers[(maxtext, layer)] = (path, fixed)
+  return layers
+
+
+def plan_relayout(checkpoint_path: str, options: PlanOptions, *, family: str | None = None,
+                  hf_config_path: str | None = None) -> plan_lib.Plan:
+  """The MaxText checkpoint at `checkpoint_path` (OUT/N or OUT/N/items; ours, MaxText's converter's or trainer's)
+  as a params-only checkpoint laid out by `options` (scan_layers, save_dtype, chunking): everything checked from
+  its metadata before a byte is read."""
+  if options.keep_fp8 or options.lora_adapter_path or options.text_only:
+    raise ConversionError("--checkpoint_path (a MaxText checkpoint laid out again) takes no --keep_fp8,"
+                          " --lora_adapter_path or --text_only: its leaves are copied as they are")
+  items_path = items_path_of(checkpoint_path)
+  source = open_maxtext(items_path)
+  record = source.record
+  hf_config, config_source = hf_config_of(items_path, record, hf_config_path)
+  config = parse_model_config(hf_config, config_source)
+  towers = any(name.split("/")[0] in TOWER_SUBTREES for name in source.tensors)
+  model = families.resolve(config, family=family or record.family,
+                           target_model=options.target_model or record.target_model, text_only=not towers)
+  embedding = source.tensors.get("/".join(EMBEDDING))
+  if embedding is None:
+    raise ConversionError(f"{items_path}: leaf {'/'.join(source.prefix + EMBEDDING)} is missing")
+  vocab = embedding.shape[0]
+  if options.target_vocab_size not in (None, vocab):
+    raise ConversionError(f"--target_vocab_size={options.target_vocab_size}: {items_path} holds a vocabulary of"
+                          f" {vocab} rows, which laying it out again keeps")
+  warnings = model.warnings()
+  stored_scan = record.scan_layers
+  if stored_scan is None:
+    stored_scan = any(name.startswith("decoder/layers/") for name in source.tensors)
+    warnings.append(f"no scan_layers in the checkpoint metadata; {'scanned' if stored_scan else 'unscanned'}"
+                    " layers found in the tree")
+  layers = _source_layers(model.layout(vocab, stored_scan))
+  builder = _Leaves(source, model.config.path, np.dtype(options.save_dtype), "scanned" if stored_scan else
+                    "unscanned")
+  leaves = [builder.top(maxtext, params) for maxtext, params in
+            plan_lib.by_leaf(model.layout(vocab, options.scan_layers).top).items()]
+  for group in model.layout(vocab, options.scan_layers).groups:
+    leaves.extend(builder.group(group.resolved(), layers))
+  unused = sorted(set(source.tensors) - builder.used)
+  if unused:
+    raise ConversionError(f"{items_path}: {len(unused)} leaf/leaves that {model.family.name} ({model.target}) does"
+                          f" not know: {', '.join(unused[:5])}{' ...' if len(unused) > 5 else ''}")
+  leaves = [plan_lib.chunked(leaf, options.chunking) for leaf in leaves]
+  return plan_lib.Plan(model, source, vocab, options.scan_layers, np.dtype(options.save_dtype), tuple(leaves), (),
+                       tuple(warnings), None, options.chunking)
+
+
+class _Leaves:
+  """The output's leaves, each read from the source's leaves (`used`: the source paths read)."""
+
+  def __init__(self, source: MaxTextSource, config_path: str, save_dtype: np.dtype, stored: str):
+    self._source = source
+    self._config_path = config_path
+    self._save_dtype = save_dtype
+    self._stored = stored
+    self.used: set[str] = set()
+
+  def _tensor(self, path: str, fixed: tuple[tuple[int, int], ...], expected: Shape) -> MaxTextTensor:
+    tensor = self._source.tensors.get(path)
+    shown = "/".join((*self._source.prefix, path))
+    if tensor is None:
+      raise ConversionError(f"{self._source.location}: leaf {shown} is missing; the {self._stored} checkpoint of"
+                            f" {self._config_path} needs it")
+    tensor = tensor.at(fixed)
+    if tensor.shape != tuple(expected):
+      raise ConversionError(f"{self._source.location}: leaf {shown} has {'a layer' if fixed else 'shape'}"
+                            f" {tensor.shape}, but {self._config_path} implies {tuple(expected)}")
+    self.used.add(path)
+    return tensor
+
+  def _dtype(self, params: list[Param], tensor: MaxTextTensor) -> np.dtype:
+    """--save_dtype, or float32 for a leaf whose params keep the float32 the checkpoint stores."""
+    if all(p.keep_float32 for p in params) and tensor.dtype == np.float32:
+      return np.dtype(np.float32)
+    return self._save_dtype
+
+  def top(self, maxtext: str, params: list[Param]) -> plan_lib.Leaf:
+    tensor = self._tensor(maxtext, (), _per_layer_shape(params[0]))
+    dtype = self._dtype(params, tensor)
+    return plan_lib.Leaf(tuple(maxtext.split("/")), tensor.shape, dtype, (tensor.name,), Copy(tensor, dtype),
+                         plan_lib.leaf_axes(params[0], len(tensor.shape)))
+
+  def group(self, group: LayerGroup, layers: dict[tuple[str, int], _Located]) -> list[plan_lib.Leaf]:
+    leaves = []
+    for maxtext, params in plan_lib.by_leaf(group.params).items():
+      expected = _per_layer_shape(params[0])
+      located = {}
+      for _, layer in group.positions():
+        if (maxtext, layer) not in layers:
+          raise ConversionError(f"{self._source.location}: the {self._stored} checkpoint has no layer {layer} of"
+                                f" {maxtext}")
+        located[layer] = layers[(maxtext, layer)]
+      path = (*group.path, *maxtext.split("/"))
+      axis = params[0].scan_axis
+      whole = _whole_leaf(group, path, located, axis)
+      if whole is not None:
+        stacking = group.stacking if group.stacked else ()
+        tensor = self._tensor(whole, (), expected[:axis] + stacking + expected[axis:] if stacking else expected)
+        dtype = self._dtype(params, tensor)
+        loader, shape, names = Copy(tensor, dtype), tensor.shape, (tensor.name,)
+      else:
+        per_layer = {layer: self._tensor(p, fixed, expected) for layer, (p, fixed) in located.items()}
+        dtype = self._dtype(params, next(iter(per_layer.values())))
+        parts = {layer: (Copy(t, dtype), t.shape) for layer, t in per_layer.items()}
+        names = tuple(dict.fromkeys(t.name for t in per_layer.values()))
+        if not group.stacked:
+          (loader, shape), = parts.values()
+        elif group.nested:
+          blocks = [plan_lib.stack([parts[layer] for layer in block], axis, dtype) for block in group.layers]
+          loader, shape = plan_lib.stack(blocks, axis, dtype)
+        else:
+          loader, shape = plan_lib.stack([parts[layer] for layer in group.layers], axis, dtype)
+      axes = plan_lib.leaf_axes(params[0], len(expected))
+      if group.stacked:
+        axes = logical_axes.stacked(axes, axis, group.stacking_names)
+      leaves.append(plan_lib.Leaf(path, shape, dtype, names, loader, axes))
+    return leaves
+
+
+def _whole_leaf(group: LayerGroup, path: tuple[str, ...], located: dict[int, _Located], axis: int) -> str | None:
+  """The source leaf that already holds the output leaf whole: the same path, its layers at the same positions."""
+  name = "/".join(path)
+  if not group.stacked:
+    (source_path, fixed), = located.values()
+    return source_path if source_path == name and not fixed else None
+  for position, layer in group.positions():
+    source_path, fixed = located[layer]
+    if source_path != name or fixed != tuple((axis + i, p) for i, p in enumerate(position)):
+      return None
+  return name
