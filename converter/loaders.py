@@ -15,6 +15,7 @@ from converter.arrays import Shape, assign
 from converter.loader import Loader
 from converter.ops import Op
 from converter.sources import SourceTensor
+from converter.sources.lora import add_update
 
 ROW_BLOCK_BYTES = 16 << 20  # Kept under glibc's mmap threshold, as the write blocks (handlers/blocks.py).
 _ELEMENTWISE = (ops_lib.ScaleInFloat32, ops_lib.AddInFloat32)
@@ -234,6 +235,48 @@ class Copy:
 
   def map_reads(self, read: Callable[[Loader], Loader]) -> Loader:
     return read(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class AddLowRank:
+  """Loader: one layer's kernel (`base`, read in float32) plus `scale` a b, rounded once to `dtype`: a MaxText LoRA
+  checkpoint's qwix factors merged into its base. `a` is (prod(input axes), r), `b` (r, prod(output axes)), the
+  kernel's first `in_axes` axes its input side; both are small and read whole for each region. The update is summed
+  over the rank as the forward merge of a PEFT adapter sums it (`sources.lora.add_update`)."""
+
+  base: Loader
+  a: SourceTensor
+  b: SourceTensor
+  scale: float
+  in_axes: int
+  dtype: np.dtype
+
+  @property
+  def shape(self) -> Shape:
+    return tuple(self.base.shape)
+
+  @property
+  def block_shape(self) -> Shape:
+    return tuple(self.base.block_shape)
+
+  def __call__(self) -> np.ndarray:
+    return self.region(tuple(slice(0, d) for d in self.shape))
+
+  def region(self, index: tuple[slice, ...]) -> np.ndarray:
+    index = tuple(index) + tuple(slice(0, d) for d in self.shape[len(index):])
+    kernel = np.array(self.base.region(index), np.float32)
+    rank = self.a.shape[-1]
+    a = self.a.read(np.float32).reshape(self.shape[:self.in_axes] + (rank,))[index[:self.in_axes]]
+    b = self.b.read(np.float32).reshape((rank,) + self.shape[self.in_axes:])[(slice(None),) + index[self.in_axes:]]
+    flat = kernel.reshape(math.prod(a.shape[:-1]), -1)
+    add_update(flat, a.reshape(-1, rank), b.reshape(rank, -1), self.scale)
+    return flat.reshape(kernel.shape).astype(self.dtype)
+
+  def source_tensors(self) -> tuple[SourceTensor, ...]:
+    return (*self.base.source_tensors(), self.a, self.b)
+
+  def map_reads(self, read: Callable[[Loader], Loader]) -> Loader:
+    return dataclasses.replace(self, base=self.base.map_reads(read))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -286,6 +286,11 @@ class Merge:
   reader: Any  # The LoRA checkpoint's CheckpointReader.
   weights: dict[str, AdapterModule]  # By the HF weight each adapts (looked up for every piece written back).
 
+  def record(self) -> dict[str, Any]:
+    """What a checkpoint it is merged into records of it (ConversionRecord.lora_adapter)."""
+    return {"lora_checkpoint_path": self.export.items_path, "r": self.export.rank, "lora_alpha": self.export.alpha,
+            "modules": sorted(m.module for m in self.export.modules)}
+
   def merged(self, module: AdapterModule, weight: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """`weight` (HF's (out, in)) plus the module's update, rounded once to `dtype`."""
     a, b = peft_factors(module.sides, _read(self.reader, module.leaf_a, module.index).astype(np.float32),

@@ -64,9 +64,9 @@ flags.DEFINE_enum("export", "model", ["model", "lora_adapter"], "to_huggingface:
                   " --hf_config_path (docs/lora.md).")
 flags.DEFINE_float("lora_alpha", None, "--export=lora_adapter and --lora_checkpoint_path: the adapter's lora_alpha,"
                    " for a LoRA checkpoint whose metadata records none (MaxText's trainer records it).")
-flags.DEFINE_string("lora_checkpoint_path", None, "to_huggingface: a MaxText LoRA checkpoint (OUT/0/items of a"
-                    " MaxText LoRA run, or ours) merged in float32 into --checkpoint_path's base: one full HF model"
-                    " (docs/lora.md).")
+flags.DEFINE_string("lora_checkpoint_path", None, "A MaxText LoRA checkpoint (OUT/0/items of a MaxText LoRA run,"
+                    " or ours) merged in float32 into --checkpoint_path's base: to_huggingface: one full HF model;"
+                    " to_maxtext: one MaxText checkpoint (docs/lora.md).")
 flags.DEFINE_string("max_shard_size", "5GB", "to_huggingface: largest safetensors shard, e.g. 5GB, 500MB, 2GiB.")
 flags.DEFINE_string("family", None, "--checkpoint_path: model family (default: recorded in the checkpoint metadata).")
 flags.DEFINE_string("hf_config_path", None, "--checkpoint_path: the original config.json (or its directory), for"
@@ -250,8 +250,11 @@ def run() -> None:
     if ignored:
       raise app.UsageError(f"{', '.join(ignored)} apply to --direction=to_maxtext only")
     _run_to_huggingface()
-  elif FLAGS["export"].present or FLAGS["lora_alpha"].present or FLAGS["lora_checkpoint_path"].present:
-    raise app.UsageError("--export, --lora_alpha and --lora_checkpoint_path apply to --direction=to_huggingface only")
+  elif FLAGS["export"].present:
+    raise app.UsageError("--export applies to --direction=to_huggingface only")
+  elif not FLAGS.checkpoint_path and (FLAGS["lora_alpha"].present or FLAGS["lora_checkpoint_path"].present):
+    raise app.UsageError("--lora_checkpoint_path and --lora_alpha merge a MaxText LoRA checkpoint into a MaxText"
+                         " checkpoint (--checkpoint_path); a PEFT adapter merges through --lora_adapter_path")
   elif not FLAGS.checkpoint_path and (FLAGS["family"].present or FLAGS["hf_config_path"].present):
     raise app.UsageError("--family and --hf_config_path apply to a MaxText checkpoint (--checkpoint_path) only")
   elif FLAGS.lora_adapter_only:
@@ -283,8 +286,11 @@ def _plan() -> Plan:
   if FLAGS.checkpoint_path:
     from converter import relayout  # pylint: disable=g-import-not-at-top
 
-    return relayout.plan_relayout(_resolve(FLAGS.checkpoint_path), _plan_options(), family=FLAGS.family,
-                                  hf_config_path=_resolve(FLAGS.hf_config_path) if FLAGS.hf_config_path else None)
+    return relayout.plan_relayout(
+        _resolve(FLAGS.checkpoint_path), _plan_options(), family=FLAGS.family,
+        hf_config_path=_resolve(FLAGS.hf_config_path) if FLAGS.hf_config_path else None,
+        lora_checkpoint_path=_resolve(FLAGS.lora_checkpoint_path) if FLAGS.lora_checkpoint_path else None,
+        lora_alpha=FLAGS.lora_alpha)
   from converter import conversion  # pylint: disable=g-import-not-at-top
 
   return conversion.plan_conversion(_model_path(FLAGS.hf_model_path), _plan_options())

@@ -11,16 +11,18 @@ several processes treat it as any other.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
-from converter import families, logical_axes, plan as plan_lib
+from converter import families, logical_axes, lora_export, plan as plan_lib
 from converter.arrays import Shape
 from converter.errors import ConversionError
 from converter.families import LayerGroup, Layout, Param
-from converter.loaders import Copy
+from converter.loaders import AddLowRank, Copy
 from converter.model_config import parse_model_config
 from converter.ops import output_shape
-from converter.options import PlanOptions
+from converter.options import PlanOptions, ReverseOptions
 from converter.reverse_plan import TOWER_SUBTREES, hf_config_of, items_path_of, leaf_shape
 from converter.sources.maxtext import EMBEDDING, MaxTextSource, MaxTextTensor, open_maxtext
 
@@ -51,10 +53,12 @@ def _source_layers(layout: Layout) -> dict[tuple[str, int], _Located]:
 
 
 def plan_relayout(checkpoint_path: str, options: PlanOptions, *, family: str | None = None,
-                  hf_config_path: str | None = None) -> plan_lib.Plan:
+                  hf_config_path: str | None = None, lora_checkpoint_path: str | None = None,
+                  lora_alpha: float | None = None) -> plan_lib.Plan:
   """The MaxText checkpoint at `checkpoint_path` (OUT/N or OUT/N/items; ours, MaxText's converter's or trainer's)
-  as a params-only checkpoint laid out by `options` (scan_layers, save_dtype, chunking): everything checked from
-  its metadata before a byte is read."""
+  as a params-only checkpoint laid out by `options` (scan_layers, save_dtype, chunking), with a MaxText LoRA
+  checkpoint's factors merged in (`lora_checkpoint_path`; `lora_alpha` where it records none): everything checked
+  from the metadata before a byte is read."""
   if options.keep_fp8 or options.lora_adapter_path or options.text_only:
     raise ConversionError("--checkpoint_path (a MaxText checkpoint laid out again) takes no --keep_fp8,"
                           " --lora_adapter_path or --text_only: its leaves are copied as they are")
@@ -80,12 +84,21 @@ def plan_relayout(checkpoint_path: str, options: PlanOptions, *, family: str | N
     warnings.append(f"no scan_layers in the checkpoint metadata; {'scanned' if stored_scan else 'unscanned'}"
                     " layers found in the tree")
   layers = _source_layers(model.layout(vocab, stored_scan))
+  merge = None
+  if lora_checkpoint_path:
+    merge = lora_export.plan_merge(lora_checkpoint_path, ReverseOptions(lora_alpha=lora_alpha), model.family.name,
+                                   model.target, (hf_config, config_source))
+    source = dataclasses.replace(source, lora=merge.record())
   builder = _Leaves(source, model.config.path, np.dtype(options.save_dtype), "scanned" if stored_scan else
-                    "unscanned")
+                    "unscanned", merge)
   leaves = [builder.top(maxtext, params) for maxtext, params in
             plan_lib.by_leaf(model.layout(vocab, options.scan_layers).top).items()]
   for group in model.layout(vocab, options.scan_layers).groups:
     leaves.extend(builder.group(group.resolved(), layers))
+  if merge is not None and builder.merged != set(merge.weights):
+    missed = sorted(set(merge.weights) - builder.merged)
+    raise ConversionError(f"{merge.export.items_path}: {len(missed)} LoRA module(s) whose kernel the base does not"
+                          f" hold: {', '.join(missed[:5])}")
   unused = sorted(set(source.tensors) - builder.used)
   if unused:
     raise ConversionError(f"{items_path}: {len(unused)} leaf/leaves that {model.family.name} ({model.target}) does"
@@ -98,12 +111,15 @@ def plan_relayout(checkpoint_path: str, options: PlanOptions, *, family: str | N
 class _Leaves:
   """The output's leaves, each read from the source's leaves (`used`: the source paths read)."""
 
-  def __init__(self, source: MaxTextSource, config_path: str, save_dtype: np.dtype, stored: str):
+  def __init__(self, source: MaxTextSource, config_path: str, save_dtype: np.dtype, stored: str,
+               merge: lora_export.Merge | None):
     self._source = source
     self._config_path = config_path
     self._save_dtype = save_dtype
     self._stored = stored
+    self._merge = merge
     self.used: set[str] = set()
+    self.merged: set[str] = set()  # The HF weights whose LoRA update went into a kernel.
 
   def _tensor(self, path: str, fixed: tuple[tuple[int, int], ...], expected: Shape) -> MaxTextTensor:
     tensor = self._source.tensors.get(path)
@@ -124,6 +140,32 @@ class _Leaves:
       return np.dtype(np.float32)
     return self._save_dtype
 
+  def _adapted(self, params: list[Param], group: LayerGroup) -> dict[int, lora_export.AdapterModule]:
+    """The LoRA module of each layer whose value of this leaf it adapts."""
+    if self._merge is None or len(params) != 1:
+      return {}
+    param = params[0]
+    modules = {}
+    for _, layer in group.positions():
+      weight = param.hf.format(layer=param.hf_layer(layer))
+      if weight in self._merge.weights:
+        modules[layer] = self._merge.weights[weight]
+        self.merged.add(weight)
+    return modules
+
+  def _merged(self, module: lora_export.AdapterModule | None, tensor: MaxTextTensor, dtype: np.dtype):
+    """A layer's copy, with the module's update added in float32 where the LoRA checkpoint adapts it."""
+    if module is None:
+      return Copy(tensor, dtype)
+    factors = []
+    for keys in (module.leaf_a, module.leaf_b):
+      stored = self._merge.reader.arrays[keys]
+      fixed = tuple((axis, i) for axis, i in enumerate(module.index) if isinstance(i, int))
+      factors.append(MaxTextTensor(self._merge.export.items_path, keys, stored.shape, stored.dtype).at(fixed))
+    export = self._merge.export
+    return AddLowRank(Copy(tensor, np.dtype(np.float32)), *factors, export.alpha / export.rank,
+                      len(module.sides.in_shape), dtype)
+
   def top(self, maxtext: str, params: list[Param]) -> plan_lib.Leaf:
     tensor = self._tensor(maxtext, (), _per_layer_shape(params[0]))
     dtype = self._dtype(params, tensor)
@@ -142,7 +184,8 @@ class _Leaves:
         located[layer] = layers[(maxtext, layer)]
       path = (*group.path, *maxtext.split("/"))
       axis = params[0].scan_axis
-      whole = _whole_leaf(group, path, located, axis)
+      adapted = self._adapted(params, group)
+      whole = None if adapted else _whole_leaf(group, path, located, axis)
       if whole is not None:
         stacking = group.stacking if group.stacked else ()
         tensor = self._tensor(whole, (), expected[:axis] + stacking + expected[axis:] if stacking else expected)
@@ -151,7 +194,7 @@ class _Leaves:
       else:
         per_layer = {layer: self._tensor(p, fixed, expected) for layer, (p, fixed) in located.items()}
         dtype = self._dtype(params, next(iter(per_layer.values())))
-        parts = {layer: (Copy(t, dtype), t.shape) for layer, t in per_layer.items()}
+        parts = {layer: (self._merged(adapted.get(layer), t, dtype), t.shape) for layer, t in per_layer.items()}
         names = tuple(dict.fromkeys(t.name for t in per_layer.values()))
         if not group.stacked:
           (loader, shape), = parts.values()

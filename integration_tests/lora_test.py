@@ -214,7 +214,8 @@ class LoraAdapterOnlyTest(absltest.TestCase):
 
 
 class LoraMergedBackTest(absltest.TestCase):
-  """MaxText base + MaxText LoRA checkpoint -> one full HF model (--lora_checkpoint_path), against peft's merge."""
+  """MaxText base + MaxText LoRA checkpoint -> one full HF model (--lora_checkpoint_path), against peft's merge, and
+  -> one MaxText checkpoint (--direction=to_maxtext), against the HF merge."""
 
   def test_merged_back_matches_peft_and_a_mismatched_checkpoint_is_refused(self):
     model = tiny_models.build_tiny_model("qwen3", harness.scratch_dir("qwen3-hf-"))
@@ -234,6 +235,20 @@ class LoraMergedBackTest(absltest.TestCase):
     report = validate_lib.compare_logits(logits, lora_adapters.merged_logits(model, adapter, ids))
     self.assertLessEqual(report[0], THRESHOLDS.max_abs_diff, report)
     self.assertGreater(validate_lib.compare_logits(logits, validate_lib.reference_logits(model, ids))[0], 0.1)
+    # The same merge into a MaxText checkpoint (--direction=to_maxtext, laid out unscanned): its weights are those
+    # merged on the way back (the same float32 sums, in MaxText's axes), and it records the LoRA checkpoint.
+    relaid = harness.scratch_dir("merged-maxtext-")
+    harness.run_converter(f"--checkpoint_path={base}", f"--lora_checkpoint_path={lora}", f"--output_dir={relaid}",
+                          "--scan_layers=false", "--save_dtype=float32", "--verify")
+    record = ConversionRecord.read(os.path.join(relaid, "0", "items"))
+    self.assertEqual((record.scan_layers, record.lora_adapter["r"]), (False, lora_adapters.AdapterSpec().r))
+    back = os.path.join(harness.scratch_dir("merged-maxtext-hf-"), "hf")
+    harness.run_converter("--direction=to_huggingface", f"--checkpoint_path={relaid}/0/items", f"--output_dir={back}")
+    expected = load_file(os.path.join(merged, "model.safetensors"))
+    got = load_file(os.path.join(back, "model.safetensors"))
+    self.assertEqual(sorted(got), sorted(expected))
+    for name, value in expected.items():  # The query scale undone on the way back: within one ulp.
+      np.testing.assert_allclose(got[name], value, rtol=2 ** -22, atol=0, err_msg=name)
     # Factors of another model's shapes (Llama 3.1's tiny row) are refused by leaf, nothing written.
     other = tiny_models.build_tiny_model("llama3.1", harness.scratch_dir("llama-hf-"))
     other_lora = lora_adapters.write_maxtext_lora_checkpoint(
@@ -246,6 +261,11 @@ class LoraMergedBackTest(absltest.TestCase):
     self.assertEqual(result.returncode, 1, result.stderr[-2000:])
     self.assertIn("kernel_lora_a has shape", result.stderr)
     self.assertFalse(os.path.exists(refused))
+    result = harness.run_converter(f"--checkpoint_path={base}", f"--lora_checkpoint_path={other_lora}",
+                                   f"--output_dir={refused}", check=False)
+    self.assertEqual(result.returncode, 1, result.stderr[-2000:])
+    self.assertIn("kernel_lora_a has shape", result.stderr)
+    self.assertFalse(os.path.exists(os.path.join(refused, "0")))
 
 
 if __name__ == "__main__":

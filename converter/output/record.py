@@ -50,7 +50,8 @@ class ConversionRecord:
   chunking: dict[str, Any] | None = None  # The rule the stored chunks were cut by (converter/chunking.py).
   logical_axes: dict[str, list[str | None] | None] | None = None  # Every leaf's MaxText logical axes (None: none).
   # --lora_adapter_path: the adapter merged in (path, sha256 of its safetensors, r, alpha, rslora, patterns, and
-  # every module with its rank, alpha, scale and the base tensor it went into).
+  # every module with its rank, alpha, scale and the base tensor it went into); a MaxText LoRA checkpoint merged
+  # into a MaxText base (--checkpoint_path with --lora_checkpoint_path): its path, r, alpha and modules.
   lora_adapter: dict[str, Any] | None = None
 
   @classmethod
@@ -68,7 +69,7 @@ class ConversionRecord:
     if isinstance(source, LoraMergedSource):
       lora_adapter = source.adapter.record(source.merged)
     else:
-      lora_adapter = origin.lora_adapter if origin is not None else None
+      lora_adapter = (source.lora or origin.lora_adapter) if origin is not None else None
     return cls(
         scan_layers=plan.scan_layers,
         family=plan.family.name,

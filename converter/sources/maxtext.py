@@ -104,6 +104,7 @@ class MaxTextSource:
   record: Any  # converter.output.record.ConversionRecord: what the checkpoint records of its conversion.
   prefix: tuple[str, ...]  # The parameter subtree's keys (params/params, or an NNX state's).
   quant_method: str | None = None  # Leaves are stored as floats; the original's format is in `record`.
+  lora: dict[str, Any] | None = None  # A MaxText LoRA checkpoint merged in (lora_export.Merge.record).
 
   def leaf(self, keys: tuple[str, ...]) -> MaxTextTensor | None:
     return self.tensors.get("/".join(keys))
