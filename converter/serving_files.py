@@ -23,7 +23,9 @@ from converter import storage
 from converter.errors import ConversionError
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".h5", ".msgpack", ".onnx", ".npz")
-NOT_COPIED = frozenset({"config.json", ".gitattributes"})
+# hf_quant_config.json: a quantized original's (ModelOpt) description of its weights, which vLLM would apply to the
+# dequantized ones written back.
+NOT_COPIED = frozenset({"config.json", ".gitattributes", "hf_quant_config.json"})
 # What a serving stack cannot do without: named when the original has none of them.
 EXPECTED = ("tokenizer_config.json", "generation_config.json")
 MAX_FILE_BYTES = 256 << 20  # Larger top-level files are not what a server reads (a consolidated weights dump).

@@ -65,16 +65,23 @@ class ToHuggingFaceResult:
     return self.plan.warnings + self.serving_warnings
 
 
-QUANTIZATION_KEYS = ("quantization_config", "expert_dtype")
+# compression_config: compressed-tensors' older name, which vLLM reads when there is no quantization_config.
+QUANTIZATION_KEYS = ("quantization_config", "compression_config", "expert_dtype")
 
 
 def written_config(plan: ReversePlan) -> dict[str, Any]:
   """The original config.json with its dtype set to the dtype the tensors are written in, and no
-  quantization_config (nor DeepSeek V4's top-level `expert_dtype`, part of it): whatever the original stored
-  quantized comes back dequantized. The family may rewrite the rest (`Family.config_back`)."""
+  quantization_config (nor compression_config, nor DeepSeek V4's top-level `expert_dtype`, part of it): whatever the
+  original stored quantized comes back dequantized. The family may rewrite the rest (`Family.config_back`).
+
+  The dtype is written as `dtype` (what transformers 5 writes and reads, and vLLM through it), and as `torch_dtype`
+  too where the original carries that key (hub configs written by transformers 4, which reads only it); a
+  transformers 5 original gets no `torch_dtype` it did not have. The rules vLLM's config loading puts on the result
+  are tools/serving_config.py's."""
   config = plan.family.config_back({k: v for k, v in plan.hf_config.items() if k not in QUANTIZATION_KEYS})
-  config["dtype"] = plan.dtype.name  # transformers 5 reads `dtype`, transformers 4 `torch_dtype`.
-  config["torch_dtype"] = plan.dtype.name
+  config["dtype"] = plan.dtype.name
+  if "torch_dtype" in config:
+    config["torch_dtype"] = plan.dtype.name
   text = config.get("text_config")
   if isinstance(text, dict):
     text = {k: v for k, v in text.items() if k not in QUANTIZATION_KEYS}

@@ -26,6 +26,7 @@ harness.start_jax()
 
 import ml_dtypes  # pylint: disable=g-import-not-at-top,g-bad-import-order
 import numpy as np  # pylint: disable=g-import-not-at-top,g-bad-import-order
+from safetensors import safe_open  # pylint: disable=g-import-not-at-top
 from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
 
 from converter import layout_inspection  # pylint: disable=g-import-not-at-top
@@ -33,6 +34,7 @@ from converter.checkpoint_reader import CheckpointReader  # pylint: disable=g-im
 from converter.output.record import ConversionRecord  # pylint: disable=g-import-not-at-top
 from tools import checkpoint_io, quantize, tiny_models, validate_lib  # pylint: disable=g-import-not-at-top
 from tools import synthetic_checkpoint  # pylint: disable=g-import-not-at-top
+from tools import serving_config  # pylint: disable=g-import-not-at-top
 from tools.safetensors_writer import write_safetensors  # pylint: disable=g-import-not-at-top
 
 FP8_BLOCK = (48, 40)
@@ -61,6 +63,22 @@ def quantized_model(fmt: str) -> tuple[str, str, np.ndarray]:
     logits = validate_lib.reference_logits(reference, validate_lib.token_ids(config.vocab_size, 2, 32, 0))
     _models[fmt] = (quantized, reference, logits)
   return _models[fmt]
+
+
+def _serving_problems(original_dir: str, back_dir: str) -> list[str]:
+  """What vLLM's config loading would reject or misread in the way back's config.json (tools/serving_config.py),
+  against the quantized original's: its quantization_config must be gone, the rest read as the original's, and
+  its dtype the one vLLM reads from the written tensors (some rows keep float32 tensors beside bfloat16 ones)."""
+  configs = []
+  for directory in (back_dir, original_dir):
+    with open(os.path.join(directory, "config.json")) as f:
+      configs.append(json.load(f))
+  dtypes = []
+  for name in os.listdir(back_dir):
+    if name.endswith(".safetensors"):
+      with safe_open(os.path.join(back_dir, name), "np") as f:
+        dtypes += [f.get_slice(key).get_dtype() for key in f.keys()]
+  return serving_config.problems(*configs, serving_config.weights_dtype(dtypes), files=os.listdir(back_dir))
 
 
 def convert(model_dir: str, *flags: str) -> str:
@@ -130,6 +148,7 @@ class QuantizedTest(parameterized.TestCase):
       written = json.load(f)
     self.assertNotIn("quantization_config", written)
     self.assertNotIn("expert_dtype", written)  # DeepSeek V4's, part of its quantization.
+    self.assertEqual(_serving_problems(quantized, back), [])
 
 
 class NativeFp8Test(parameterized.TestCase):
@@ -413,6 +432,7 @@ class KimiInt4Test(parameterized.TestCase):
       written = json.load(f)
     text = written.get("text_config", written)
     self.assertNotIn("quantization_config", text)
+    self.assertEqual(_serving_problems(quantized, back), [])
     # K2-Thinking's remote-code model type becomes the one transformers runs it as; K2.5 keeps its wrapper,
     # whose config transformers reads natively (its tower, not written, is left initialised).
     self.assertEqual((written["model_type"], "auto_map" in written),

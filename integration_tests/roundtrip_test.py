@@ -44,7 +44,7 @@ import numpy as np  # pylint: disable=g-import-not-at-top,g-bad-import-order
 from converter import ops, reverse_plan, serving_files, to_huggingface  # pylint: disable=g-import-not-at-top
 from converter.checkpoint_reader import CheckpointReader  # pylint: disable=g-import-not-at-top
 from converter.options import ReverseOptions  # pylint: disable=g-import-not-at-top
-from tools import tiny_models, validate_lib  # pylint: disable=g-import-not-at-top
+from tools import serving_config, tiny_models, validate_lib  # pylint: disable=g-import-not-at-top
 from tools.ulps import spacing, ulps  # pylint: disable=g-import-not-at-top
 
 FULL_GRID_MODELS = ("qwen3", "qwen3_moe", "llama3.1")
@@ -171,11 +171,15 @@ class RoundTripTest(parameterized.TestCase):
             "bit_identical_fraction": identical / elements if elements else 1.0}
 
   def assert_config(self, original_dir: str, back_dir: str, dtype: str) -> None:
+    """config.json is the original's with its dtype set (`torch_dtype` too where the original has one), and what
+    vLLM's config loading reads from it is the original's (tools/serving_config.py)."""
     with open(os.path.join(original_dir, "config.json")) as f:
       original = json.load(f)
     with open(os.path.join(back_dir, "config.json")) as f:
       back = json.load(f)
-    self.assertEqual((back.pop("dtype"), back.pop("torch_dtype")), (dtype, dtype))
+    self.assertEqual(serving_config.problems(back, original, dtype, files=os.listdir(back_dir)), [])
+    self.assertEqual(back.pop("dtype"), dtype)
+    self.assertEqual(back.pop("torch_dtype", None), dtype if "torch_dtype" in original else None)
     original.pop("dtype", None)
     original.pop("torch_dtype", None)
     self.assertEqual(back, original)

@@ -1,10 +1,14 @@
 """Back to HuggingFace, ready to serve: the output directory alone loads in transformers' AutoTokenizer,
-AutoModelForCausalLM and text-generation pipeline and reproduces the original's greedy generations.
+AutoModelForCausalLM and text-generation pipeline and reproduces the original's greedy generations; for a
+multimodal model, in AutoProcessor, AutoModelForImageTextToText and the image-text-to-text pipeline.
 
 One tiny Qwen3 with its own tokenizer (a word-level tokenizer built here: no download), chat template and generation
 config goes to MaxText and back once; every check reads that output. The original's serving files come from where
 the conversion read it (recorded in the checkpoint) or from --hf_config_path's directory; with neither at hand the
-way back says so, naming what is missing, and writes the weights and config.json alone.
+way back says so, naming what is missing, and writes the weights and config.json alone. One tiny Gemma 3 with its
+SigLIP tower and a processor built here (the word-level tokenizer with Gemma 3's image tokens, the image processor's
+preprocessor_config.json and processor_config.json as the hub's Gemma 3 repos lay them out) goes there and back once
+too.
 """
 
 from __future__ import annotations
@@ -13,8 +17,10 @@ import filecmp
 import json
 import os
 import shutil
+from typing import Any, NamedTuple
 
 from absl.testing import absltest
+import numpy as np
 
 from integration_tests import harness
 
@@ -115,6 +121,163 @@ class ServingTest(absltest.TestCase):
     harness.run_converter("--direction=to_huggingface", f"--checkpoint_path={items}", f"--output_dir={again}",
                           f"--hf_config_path={self.original}")
     self.assertContainsSubset(SERVING, os.listdir(again))
+
+
+# Gemma 3's processor: the word-level tokenizer with Gemma's specials and its image tokens (the placeholder at the id
+# MaxText hard-codes, 262144, past the model's 509 rows: transformers replaces it before the lookup), then a word for
+# every other id of the model's vocabulary, so that whatever it generates decodes to text.
+MM_SPECIALS = ("<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>", "<start_of_image>",
+               "<end_of_image>")
+MM_WORDS = ("describe", "the", "image", "and", "its", "colours")
+MM_SERVING = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json",
+              "processor_config.json", "preprocessor_config.json")
+MM_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}<start_of_turn> {{ message['role'] }} "
+    "{% if message['content'] is string %}{{ message['content'] }}{% else %}{% for item in message['content'] %}"
+    "{% if item['type'] == 'image' %} <start_of_image> {% elif item['type'] == 'text' %} {{ item['text'] }} "
+    "{% endif %}{% endfor %}{% endif %} <end_of_turn> {% endfor %}{% if add_generation_prompt %}<start_of_turn> model "
+    "{% endif %}")
+
+
+def mm_vocab(vocab_size: int) -> dict[str, int]:
+  vocab = {token: i for i, token in enumerate(MM_SPECIALS + MM_WORDS)}
+  vocab.update({f"w{i}": i for i in range(len(vocab), vocab_size)})
+  vocab["<image_soft_token>"] = 262144
+  return vocab
+
+
+def add_processor(model_dir: str) -> None:
+  """Gemma 3's processor, as the hub's Gemma 3 repos lay it out: the tokenizer (its image tokens named in
+  tokenizer_config.json), chat_template.jinja, processor_config.json (256 image tokens) and the image processor's
+  preprocessor_config.json (64x64, Gemma's normalization, no pan and scan); a greedy 6-token generation config."""
+  import tokenizers  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+
+  with open(os.path.join(model_dir, "config.json")) as f:
+    config = json.load(f)
+  vocab = mm_vocab(config["text_config"]["vocab_size"])
+  tokenizer = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<unk>"))
+  tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+  fast = transformers.PreTrainedTokenizerFast(
+      tokenizer_object=tokenizer, unk_token="<unk>", pad_token="<pad>", bos_token="<bos>", eos_token="<eos>",
+      extra_special_tokens={"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>",
+                            "image_token": "<image_soft_token>"})
+  size = config["vision_config"]["image_size"]
+  images = transformers.Gemma3ImageProcessorPil(size={"height": size, "width": size}, image_mean=[0.5] * 3,
+                                                 image_std=[0.5] * 3, do_pan_and_scan=False)
+  transformers.Gemma3Processor(image_processor=images, tokenizer=fast, chat_template=MM_CHAT_TEMPLATE,
+                               image_seq_length=config["mm_tokens_per_image"]).save_pretrained(model_dir)
+  # transformers 5 nests the image processor in processor_config.json; the hub's Gemma 3 repos (written by
+  # transformers 4) keep it in preprocessor_config.json, which AutoProcessor still reads.
+  path = os.path.join(model_dir, "processor_config.json")
+  with open(path) as f:
+    processor = json.load(f)
+  image_processor = dict(processor.pop("image_processor"), processor_class=processor["processor_class"])
+  for name, content in (("processor_config.json", processor), ("preprocessor_config.json", image_processor)):
+    with open(os.path.join(model_dir, name), "w") as f:
+      json.dump(content, f, indent=2)
+  with open(os.path.join(model_dir, "generation_config.json"), "w") as f:
+    json.dump({"do_sample": False, "max_new_tokens": 6, "bos_token_id": vocab["<bos>"], "pad_token_id": vocab["<pad>"],
+               "eos_token_id": [vocab["<eos>"], vocab["<end_of_turn>"]]}, f)
+
+
+def mm_image(seed: int, height: int, width: int) -> Any:
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+
+  return Image.fromarray(np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8))
+
+
+def mm_messages(image: Any, text: str) -> list[dict[str, Any]]:
+  return [{"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": text}]}]
+
+
+class Served(NamedTuple):
+  """What transformers does with a multimodal model directory alone (mm_generations)."""
+
+  inputs: dict[str, Any]  # AutoProcessor's tensors for an image + text chat prompt, as numpy arrays.
+  prompt: str  # The processor's chat prompt.
+  logits: Any  # The model's last-position logits for those inputs,
+  blank_logits: Any  # and for the same inputs with a blank image (the tower's part in them).
+  ids: list[list[int]]  # AutoModelForImageTextToText.generate's greedy ids for them.
+  text: str  # The image-text-to-text pipeline's text for another image and prompt.
+
+
+def mm_generations(model_dir: str) -> Served:
+  """AutoProcessor, AutoModelForImageTextToText and the image-text-to-text pipeline, from `model_dir` alone."""
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+
+  processor = transformers.AutoProcessor.from_pretrained(model_dir)
+  messages = mm_messages(mm_image(0, 40, 56), "describe the image")
+  inputs = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True,
+                                         return_tensors="pt")
+  model = transformers.AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32)
+  with torch.no_grad():
+    logits = model(**inputs).logits[0, -1].numpy()
+    blank = model(**dict(inputs, pixel_values=torch.zeros_like(inputs["pixel_values"]))).logits[0, -1].numpy()
+    ids = model.generate(**inputs).tolist()  # generation_config.json: greedy, 6 new tokens.
+  pipe = transformers.pipeline("image-text-to-text", model=model_dir, dtype=torch.float32)
+  text = pipe(text=mm_messages(mm_image(1, 80, 72), "the image and its colours"),
+              return_full_text=False)[0]["generated_text"]
+  prompt = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+  return Served({k: v.numpy() for k, v in inputs.items()}, prompt, logits, blank, ids, text)
+
+
+class MultimodalServingTest(absltest.TestCase):
+  """Gemma 3 with its SigLIP tower: the processor's files travel too, and serve from the output alone."""
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    original = harness.scratch_dir("serving-mm-hf-")
+    # The begin/end-of-image ids within the tokenizer's (and the model's) vocabulary.
+    vocab = mm_vocab(tiny_models.config_json("gemma3_mm")["text_config"]["vocab_size"])
+    cls.original = tiny_models.build_tiny_model("gemma3_mm", original, boi_token_index=vocab["<start_of_image>"],
+                                                eoi_token_index=vocab["<end_of_image>"])
+    add_processor(cls.original)
+    cls.items = harness.converted(cls.original, "--save_dtype=float32", "--simulated_cpu_devices_count=1")
+    cls.back = os.path.join(harness.scratch_dir("serving-mm-back-"), "hf")
+    cls.result = harness.run_converter("--direction=to_huggingface", f"--checkpoint_path={cls.items}",
+                                       f"--output_dir={cls.back}")
+    cls.expected = mm_generations(cls.original)
+    cls.served = mm_generations(cls.back)
+
+  def test_the_processor_files_are_copied_byte_for_byte(self):
+    for name in MM_SERVING:
+      self.assertTrue(filecmp.cmp(os.path.join(self.original, name), os.path.join(self.back, name), shallow=False),
+                      name)
+    copied = next(line for line in self.result.stdout.splitlines() if line.startswith("copied:"))
+    for name in MM_SERVING:
+      self.assertIn(name, copied)
+    self.assertNotIn("cannot serve", self.result.stdout + self.result.stderr)
+
+  def test_config_json_is_the_original_with_only_the_dtype_set(self):
+    with open(os.path.join(self.original, "config.json")) as f:
+      original = json.load(f)
+    with open(os.path.join(self.back, "config.json")) as f:
+      written = json.load(f)
+    changed = {k for k in set(original) | set(written) if original.get(k) != written.get(k)}
+    self.assertLessEqual(changed, {"dtype", "torch_dtype"})
+    self.assertEqual(written["dtype"], "float32")
+
+  def test_the_processor_alone_gives_the_original_inputs(self):
+    self.assertEqual(self.served.prompt, self.expected.prompt)
+    inputs = self.served.inputs
+    self.assertEqual(sorted(inputs), ["attention_mask", "input_ids", "pixel_values", "token_type_ids"])
+    for name, value in self.expected.inputs.items():
+      np.testing.assert_array_equal(inputs[name], value, err_msg=name)
+    self.assertEqual(inputs["pixel_values"].shape, (1, 3, 64, 64))  # preprocessor_config.json's 64x64.
+    self.assertEqual(int((inputs["input_ids"] == 262144).sum()), 256)  # processor_config.json's image tokens.
+    self.assertEqual(int(inputs["token_type_ids"].sum()), 256)
+
+  def test_the_output_alone_generates_what_the_original_generates(self):
+    # The random tiny model's greedy continuations repeat one token; its logits show the image is in play.
+    np.testing.assert_allclose(self.served.logits, self.expected.logits, rtol=0, atol=1e-4)
+    self.assertGreater(np.abs(self.served.logits - self.served.blank_logits).max(), 0.5)
+    self.assertEqual(self.served.ids, self.expected.ids)
+    self.assertLen(self.served.ids[0], self.served.inputs["input_ids"].shape[1] + 6)  # generation_config.json: 6.
+    self.assertEqual(self.served.text, self.expected.text)
+    self.assertLen(self.served.text.split(), 6)  # Every generated id decodes to a word.
 
 
 if __name__ == "__main__":
