@@ -35,7 +35,10 @@ def _per_layer_shape(param: Param) -> Shape:
   """One layer's value of `param`'s leaf (every param of a shared leaf gives the same)."""
   if param.constant is not None:
     return tuple(param.hf_shape)
-  return leaf_shape(output_shape(param.ops, param.part_shape), param, ())
+  try:
+    return leaf_shape(output_shape(param.ops, param.part_shape), param, ())
+  except ValueError as e:
+    raise ConversionError(f"{param.maxtext} ({param.hf}): {e}") from e
 
 
 def _source_layers(layout: Layout) -> dict[tuple[str, int], _Located]:
@@ -74,13 +77,17 @@ def plan_relayout(checkpoint_path: str, options: PlanOptions, *, family: str | N
   if embedding is None:
     raise ConversionError(f"{items_path}: leaf {'/'.join(source.prefix + EMBEDDING)} is missing")
   vocab = embedding.shape[0]
+  if vocab < config.vocab_size:
+    raise ConversionError(f"{items_path}: leaf {embedding.name} has {vocab} rows, fewer than {config_source}'s"
+                          f" vocab_size {config.vocab_size}")
   if options.target_vocab_size not in (None, vocab):
     raise ConversionError(f"--target_vocab_size={options.target_vocab_size}: {items_path} holds a vocabulary of"
                           f" {vocab} rows, which laying it out again keeps")
   warnings = model.warnings()
   stored_scan = record.scan_layers
   if stored_scan is None:
-    stored_scan = any(name.startswith("decoder/layers/") for name in source.tensors)
+    stacked = ["/".join(g.path) + "/" for g in model.layout(vocab, True).groups if g.stacked]
+    stored_scan = any(name.startswith(tuple(stacked)) for name in source.tensors)
     warnings.append(f"no scan_layers in the checkpoint metadata; {'scanned' if stored_scan else 'unscanned'}"
                     " layers found in the tree")
   layers = _source_layers(model.layout(vocab, stored_scan))
