@@ -116,6 +116,24 @@ class MultiProcessTest(parameterized.TestCase):
         self.assertEqual(a.read(), b.read(), name)
     self.assertEqual([n for n in os.listdir(os.path.dirname(back)) if "hf2maxtext" in n], [])
 
+  def test_a_maxtext_checkpoint_laid_out_again_by_two_processes(self):
+    items = os.path.join(harness.scratch_dir("multiprocess-items-"), "out")
+    harness.run_converter(f"--hf_model_path={self.models['moe']}", f"--output_dir={items}",
+                          "--simulated_cpu_devices_count=1", "--noprogress")
+    flags = [f"--checkpoint_path={items}/0/items", "--scan_layers=false", "--simulated_cpu_devices_count=1",
+             "--max_inflight_bytes=1048576"]
+    out = os.path.join(harness.scratch_dir("multiprocess-relaid-"), "out")
+    results = finish(start_processes(2, *flags, f"--output_dir={out}", "--verify"))
+    for i, result in enumerate(results):
+      self.assertEqual(result.returncode, 0, f"process {i}:\n{result.stderr[-3000:]}")
+      self.assertIn(", 0 mismatches", result.stdout)
+    reference = os.path.join(harness.scratch_dir("multiprocess-ref-"), "out")
+    harness.run_converter(f"--hf_model_path={self.models['moe']}", "--scan_layers=false",
+                          "--simulated_cpu_devices_count=2", f"--output_dir={reference}", "--noprogress")
+    self.assertEqual(checkpoint_io.trees_bit_identical(checkpoint_io.restore_v0(os.path.join(out, "0", "items")),
+                                                       checkpoint_io.restore_v0(os.path.join(reference, "0", "items"))),
+                     [])
+
   def test_two_processes_into_a_bucket(self):
     flags = [f"--hf_model_path={self.models['moe']}", "--simulated_cpu_devices_count=1", "--max_inflight_bytes=1048576"]
     with gcs_emulator.GcsEmulator() as gcs:
