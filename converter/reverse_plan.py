@@ -35,6 +35,9 @@ if TYPE_CHECKING:  # Imported where used: planning needs only the reader's metad
   from converter.checkpoint_reader import CheckpointReader, StoredArray
 
 PARAMS = ("params", "params")  # Where a TrainState-shaped tree keeps the model parameters.
+# Where Tunix's CheckpointManager (tunix/sft/checkpoint_manager.py; MaxText's train_sft and train_rl use it) saves
+# the model: <root>/<step>/model_params, the NNX state `nnx.state(model)` (optimizer_state beside it).
+TUNIX_MODEL_PARAMS = "model_params"
 _SAFETENSORS_CODES = {dtype: code for code, dtype in SAFETENSORS_DTYPES.items()}
 
 
@@ -105,12 +108,13 @@ TOWER_SUBTREES = ("vision_encoder", "audio_encoder")  # MaxText's multimodal enc
 
 
 def items_path_of(checkpoint_path: str) -> str:
-  """OUT/0/items as given, or found below OUT/0 (a step directory)."""
+  """OUT/0/items as given, or found below OUT/0 (a step directory; a Tunix step's model_params)."""
   path = storage.resolve(checkpoint_path)
-  items = storage.join(path, orbax_layout.ITEMS)
-  if (not storage.is_file(storage.join(path, orbax_layout.TREE_METADATA))
-      and storage.is_file(storage.join(items, orbax_layout.TREE_METADATA))):
-    return items
+  if not storage.is_file(storage.join(path, orbax_layout.TREE_METADATA)):
+    for name in (orbax_layout.ITEMS, TUNIX_MODEL_PARAMS):
+      items = storage.join(path, name)
+      if storage.is_file(storage.join(items, orbax_layout.TREE_METADATA)):
+        return items
   if not storage.exists(path):
     raise ConversionError(f"{path}: no such checkpoint directory (expected OUTPUT_DIR/0/items)")
   return path
@@ -197,6 +201,64 @@ def _row_slab_parts(param: Param, leaf: tuple[str, ...], index: tuple[Any, ...],
   return parts
 
 
+@dataclasses.dataclass(frozen=True)
+class ModelTree:
+  """The model's weights in a checkpoint's tree: by their path under a Linen TrainState's params/params (the
+  family layouts' paths), each the stored leaf it is (`StoredArray.path`: the tree's own keys)."""
+
+  where: str  # Where its weights are, for messages.
+  prefix: tuple[str, ...]  # The stored keys before a weight's path (for messages about missing leaves).
+  suffix: tuple[str, ...]  # And after it.
+  params: dict[tuple[str, ...], "StoredArray"]
+
+  def show(self, keys: Sequence[str]) -> str:
+    return _show((*self.prefix, *keys, *self.suffix))
+
+
+def _is_rng_state(keys: tuple[str, ...]) -> bool:
+  """An NNX RngState leaf (`.../rngs/<stream>/{key,count}/value`): the module's random streams, not a weight."""
+  return len(keys) >= 4 and keys[-4] == "rngs" and keys[-2] in ("key", "count")
+
+
+def model_tree(reader: CheckpointReader, items_path: str) -> ModelTree:
+  """The weights of the checkpoint at `items_path`, told from its own tree:
+
+  - a Linen TrainState (this converter's output, MaxText's pre-training and native SFT trainers): the arrays under
+    params/params;
+  - an NNX state (Tunix's CheckpointManager, `<step>/model_params`, which MaxText's Tunix-based train_sft and
+    train_rl save through; MaxText's NNX loader reads it too): every Variable a `.../value` leaf, under `base/`
+    where the model was wrapped (MaxText's TunixMaxTextAdapter in RL); RngState leaves (`rngs/...`) dropped, and an
+    nnx.List's `layers/0` read as Linen's `layers_0`.
+  Anything else is refused, naming what the tree holds."""
+  arrays = reader.arrays
+  params = {k[len(PARAMS):]: a for k, a in arrays.items() if k[: len(PARAMS)] == PARAMS}
+  if params:
+    return ModelTree("under params/params", PARAMS, (), params)
+  base = ("base",) if arrays and all(k[:1] == ("base",) for k in arrays) else ()
+  if arrays and all(k[-1:] == ("value",) for k in arrays):
+    nnx_params = {}
+    for keys, array in arrays.items():
+      if _is_rng_state(keys):
+        continue
+      folded: list[str] = []
+      for key in keys[len(base):-1]:
+        if key.isdigit() and folded:
+          folded[-1] = f"{folded[-1]}_{key}"
+        else:
+          folded.append(key)
+      nnx_params[tuple(folded)] = array
+    if nnx_params and all(k[-1].endswith(("_lora_a", "_lora_b")) for k in nnx_params):
+      raise ConversionError(
+          f"{items_path}: an NNX state of LoRA factors only (Tunix saves only those for a LoRA run): it holds no"
+          " base weights to write back; pass it as --lora_checkpoint_path with the base checkpoint")
+    if nnx_params:
+      return ModelTree("of the NNX state (Tunix's model_params)", base, ("value",), nnx_params)
+  top = sorted({k[0] for k in arrays})
+  raise ConversionError(
+      f"{items_path}: neither a MaxText TrainState (arrays under params/params) nor an NNX state as Tunix saves it"
+      f" (<step>/model_params, every leaf .../value); its arrays are under: {', '.join(top) or 'nothing'}")
+
+
 def _show(keys: Sequence[str]) -> str:
   return "/".join(keys)
 
@@ -247,9 +309,8 @@ def plan_to_huggingface(
     from converter.checkpoint_reader import CheckpointReader  # pylint: disable=g-import-not-at-top
 
     reader = CheckpointReader(items_path, dequantize_fp8=True)
-  params = {k[len(PARAMS):]: a for k, a in reader.arrays.items() if k[: len(PARAMS)] == PARAMS}
-  if not params:
-    raise ConversionError(f"{items_path}: no arrays under params/params (not a MaxText TrainState checkpoint)")
+  tree = model_tree(reader, items_path)
+  params = tree.params
   # The tree says whether the towers were converted (a checkpoint MaxText's trainer wrote records nothing).
   towers = any(k[0] in TOWER_SUBTREES for k in params)
   model = families.resolve(config, family=family or record.family, target_model=target_model or record.target_model,
@@ -267,7 +328,7 @@ def plan_to_huggingface(
                     " layers found in the tree")
   embedding = params.get(("token_embedder", "embedding"))
   if embedding is None:
-    raise ConversionError(f"{items_path}: leaf params/params/token_embedder/embedding is missing")
+    raise ConversionError(f"{items_path}: leaf {tree.show(('token_embedder', 'embedding'))} is missing")
   target_vocab = embedding.shape[0]
   if target_vocab < config.vocab_size:
     raise ConversionError(
@@ -284,23 +345,24 @@ def plan_to_huggingface(
     array = params.get(keys)
     if array is None:
       raise ConversionError(
-          f"{items_path}: leaf params/params/{_show(keys)} is missing; {fam.name} ({target}, {scanned}) with"
+          f"{items_path}: leaf {tree.show(keys)} is missing; {fam.name} ({target}, {scanned}) with"
           f" {source} needs it"
       )
     if array.shape != expected:
       raise ConversionError(
-          f"{items_path}: leaf params/params/{_show(keys)} has shape {array.shape}, but {source} implies"
+          f"{items_path}: leaf {tree.show(keys)} has shape {array.shape}, but {source} implies"
           f" {expected} ({scanned})"
       )
     if array.dtype not in _SAFETENSORS_CODES or array.dtype.kind not in "fV":
-      raise ConversionError(f"{items_path}: leaf params/params/{_show(keys)} has dtype {array.dtype}, not a float")
+      raise ConversionError(f"{items_path}: leaf {tree.show(keys)} has dtype {array.dtype}, not a float")
     used.add(keys)
     return array
 
   def add(param: Param, keys: tuple[str, ...], group: LayerGroup | None) -> None:
     if param.constant is not None:
-      leaf(keys, leaf_shape(tuple(param.hf_shape), param, group.stacking if group and group.stacked else ()))
-      constants.append((PARAMS + keys, param.constant))
+      stacking = group.stacking if group and group.stacked else ()
+      array = leaf(keys, leaf_shape(tuple(param.hf_shape), param, stacking))
+      constants.append((array.path, param.constant))
       return
     try:
       per_tensor = output_shape(param.ops, param.part_shape)
@@ -316,9 +378,9 @@ def plan_to_huggingface(
     dtype = np.dtype(ids.hf_dtype) if ids is not None else array.dtype
 
     def add_tensor(name: str, index: tuple[Any, ...], piece: int) -> None:
-      slab_parts = _row_slab_parts(param, PARAMS + keys, index, per_tensor, len(stacking), array.dtype.itemsize)
+      slab_parts = _row_slab_parts(param, array.path, index, per_tensor, len(stacking), array.dtype.itemsize)
       if slab_parts is None:
-        builder.add(name, param, piece, HfPart(PARAMS + keys, index, ops, split), dtype)
+        builder.add(name, param, piece, HfPart(array.path, index, ops, split), dtype)
       for k, part in enumerate(slab_parts or ()):
         builder.add(name, param, k, part, dtype, in_pieces=True)
 
@@ -346,7 +408,7 @@ def plan_to_huggingface(
   if unused:
     shown = ", ".join(unused[:5]) + (" ..." if len(unused) > 5 else "")
     raise ConversionError(
-        f"{items_path}: {len(unused)} leaf/leaves under params/params that {fam.name} ({target}, {scanned}) with"
+        f"{items_path}: {len(unused)} leaf/leaves {tree.where} that {fam.name} ({target}, {scanned}) with"
         f" {source} does not use: {shown}"
     )
   dtypes = sorted({t.dtype for t in tensors if t.dtype.kind in "fV"}, key=lambda d: d.itemsize)

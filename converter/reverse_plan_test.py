@@ -208,8 +208,60 @@ class ReversePlanTest(parameterized.TestCase):
     with self.assertRaisesRegex(ConversionError, r"leaf params/params/decoder/layers/.* is missing; qwen3 .*scanned"):
       self.reverse(leaves, _record(TINY_QWEN3_CONFIG, "qwen3", True))
 
+  @parameterized.named_parameters(("sft", (), True), ("rl_adapter_unscanned", ("base",), False))
+  def test_a_tunix_nnx_state_comes_back_tensor_for_tensor(self, prefix, scan_layers):
+    # Tunix's CheckpointManager saves nnx.state(model): every Variable a `.../value` leaf, RngState streams among
+    # the weights, `base/` first where MaxText's TunixMaxTextAdapter wraps the model (RL), an nnx.List `layers/0`.
+    _, leaves = _forward_leaves(self.qwen3_dir, scan_layers=scan_layers)
+    nnx_leaves = {}
+    for keys, value in leaves.items():
+      path = tuple(part for key in keys[len(PARAMS):] for part in
+                   (key.split("_") if key.startswith("layers_") else (key,)))
+      nnx_leaves[prefix + path + ("value",)] = value
+    for stream in ("dropout", "params"):
+      nnx_leaves[prefix + ("decoder", "rngs", stream, "key", "value")] = np.zeros((2,), np.uint32)
+      nnx_leaves[prefix + ("decoder", "rngs", stream, "count", "value")] = np.zeros((), np.uint32)
+    the_plan = reverse_plan.plan_to_huggingface(_checkpoint_dir({}), reader=_Reader(nnx_leaves),
+                                                hf_config_path=os.path.join(self.qwen3_dir, "config.json"))
+    self.assertEqual((the_plan.family.name, the_plan.scan_layers), ("qwen3", scan_layers))
+    self.assertEqual(sorted(t.name for t in the_plan.tensors), sorted(self.qwen3_tensors))
+    for tensor in the_plan.tensors:
+      self.assertTrue(all(part.leaf[:len(prefix)] == prefix and part.leaf[-1] == "value"
+                          for parts in tensor.pieces for part in parts), tensor.name)
+      np.testing.assert_allclose(_assemble(tensor, nnx_leaves), self.qwen3_tensors[tensor.name].astype(np.float32),
+                                 rtol=2 ** -23, atol=0, err_msg=tensor.name)
+
+  def test_an_nnx_state_missing_a_weight_names_its_own_leaf(self):
+    _, leaves = _forward_leaves(self.qwen3_dir, scan_layers=True)
+    nnx_leaves = {keys[len(PARAMS):] + ("value",): v for keys, v in leaves.items()
+                  if keys != PARAMS + ("decoder", "layers", "mlp", "wo", "kernel")}
+    with self.assertRaisesRegex(ConversionError, "leaf decoder/layers/mlp/wo/kernel/value is missing"):
+      self.reverse(nnx_leaves, _record(TINY_QWEN3_CONFIG, "qwen3", True))
+
+  def test_an_nnx_state_of_lora_factors_only_is_refused(self):
+    leaves = {("decoder", "layers", "mlp", "wo", "kernel_lora_a", "value"): np.zeros((128, 8), np.float32),
+              ("decoder", "layers", "mlp", "wo", "kernel_lora_b", "value"): np.zeros((8, 64), np.float32)}
+    with self.assertRaisesRegex(ConversionError, "LoRA factors only .* --lora_checkpoint_path"):
+      self.reverse(leaves, _record(TINY_QWEN3_CONFIG, "qwen3", True))
+
+  def test_a_tree_of_neither_kind_is_named(self):
+    leaves = {("opt_state", "mu", "kernel"): np.zeros((2, 2), np.float32),
+              ("step",): np.zeros((1,), np.int32)}
+    with self.assertRaisesRegex(ConversionError, r"neither a MaxText TrainState \(arrays under params/params\) nor"
+                                                 r" an NNX state as Tunix saves it .* under: opt_state, step"):
+      self.reverse(leaves, _record(TINY_QWEN3_CONFIG, "qwen3", True))
+
 
 class ItemsPathTest(absltest.TestCase):
+
+  def test_a_tunix_step_directory_resolves_to_its_model_params(self):
+    step = os.path.join(_tmpdir(), "2")
+    os.makedirs(os.path.join(step, "model_params"))
+    os.makedirs(os.path.join(step, "optimizer_state"))
+    for name in ("model_params", "optimizer_state"):
+      with open(os.path.join(step, name, "_METADATA"), "w") as f:
+        f.write("{}")
+    self.assertEqual(reverse_plan.items_path_of(step), os.path.join(step, "model_params"))
 
   def test_a_step_directory_resolves_to_its_items(self):
     step = _checkpoint_dir(None)

@@ -74,6 +74,10 @@ flags.DEFINE_list("lora_families", ["qwen3"], "Tiny models also converted with a
 flags.DEFINE_list("sft_families", ["qwen3"], "Tiny models also trained two steps by MaxText's own SFT trainer"
                   " (train_sft_native, synthetic data) from their converted checkpoint (scan on), whose checkpoint"
                   " converted back to HuggingFace must give MaxText's logits on it in transformers.")
+flags.DEFINE_list("tunix_sft_families", ["qwen3"], "Tiny models also trained two steps by MaxText's Tunix-based SFT"
+                  " trainer (train_sft: Tunix's PeftTrainer, a tiny pre-tokenized Megatron mmap file) from their"
+                  " converted checkpoint (scan on), whose Tunix checkpoint (<step>/model_params, an NNX state)"
+                  " converted back to HuggingFace must give MaxText's logits on it in transformers.")
 flags.DEFINE_list("damaged_families", ["qwen3"], "Tiny models also converted (scan on) and then damaged, one bit"
                   " flipped in one stored chunk: MaxText's loader must refuse them (the chunk's checksum).")
 flags.DEFINE_integer("jobs", 2, "Cases (convert + MaxText forward) run at once.")
@@ -117,6 +121,8 @@ class Case:
   # checkpoint (a TrainState: params, opt_state, NNX auxiliaries) converted back: MaxText's logits on the trained
   # checkpoint against transformers' on the HF model it becomes.
   sft: bool = False
+  # The same with MaxText's Tunix-based SFT trainer (train_sft), whose checkpoint is Tunix's: an NNX state.
+  tunix_sft: bool = False
   # One bit of one stored chunk flipped after the conversion: MaxText's load must fail on the chunk's checksum.
   damaged: bool = False
 
@@ -257,7 +263,7 @@ def run_case(case: Case) -> Case:
       rc = _maxtext_lora_export(case, out_dir, overrides_path, logits_path, log)
     elif case.lora_restore:
       rc = _maxtext_lora_restore(case, out_dir, overrides_path, logits_path, log)
-    elif case.sft:
+    elif case.sft or case.tunix_sft:
       rc = _maxtext_sft(case, out_dir, overrides, overrides_path, logits_path, log)
     else:
       rc = _run_maxtext([f"--checkpoint={os.path.join(out_dir, '0', 'items')}", f"--model_name={case.maxtext_model}",
@@ -366,33 +372,70 @@ def _maxtext_lora_restore(case: Case, out_dir: str, overrides_path: str, logits_
   return rc
 
 
+def _write_mmap_tokens(prefix: str, vocab_size: int, seed: int) -> None:
+  """A tiny pre-tokenized corpus in Megatron's indexed format (`prefix`.bin + .idx: MMIDIDX, version 1, int32
+  tokens; each document ends with the EOD id 0), which MaxText's grain pipeline reads without a tokenizer
+  (grain_file_type=mmap). MaxText 0.2.5's synthetic data does not run under train_sft: its generator is jitted with
+  the config as a static argument, and train_sft's pydantic config is not hashable."""
+  import struct  # pylint: disable=g-import-not-at-top
+
+  rng = np.random.default_rng(seed)
+  docs = [np.append(rng.integers(1, vocab_size, size=39), 0).astype(np.int32) for _ in range(8)]
+  with open(prefix + ".bin", "wb") as f:
+    for doc in docs:
+      f.write(doc.tobytes())
+  sizes = np.array([len(d) for d in docs], np.int32)
+  pointers = np.concatenate([[0], np.cumsum(sizes[:-1]) * 4]).astype(np.int64)
+  with open(prefix + ".idx", "wb") as f:
+    f.write(b"MMIDIDX\x00\x00" + struct.pack("<QBQQ", 1, 4, len(docs), len(docs)))
+    f.write(sizes.tobytes() + pointers.tobytes() + np.arange(len(docs) + 1, dtype=np.int64).tobytes())
+
+
 def _maxtext_sft(case: Case, out_dir: str, overrides: dict, overrides_path: str, logits_path: str, log: str) -> int:
-  """Two steps of MaxText's SFT trainer from the converted checkpoint; its last checkpoint converted back to
-  HuggingFace (`case.reference` becomes transformers' logits on it) and run by MaxText (`logits_path`)."""
+  """Two steps of MaxText's SFT trainer (native, or with `case.tunix_sft` the Tunix-based one) from the converted
+  checkpoint; its last checkpoint converted back to HuggingFace (`case.reference` becomes transformers' logits on
+  it) and run by MaxText (`logits_path`)."""
   from tools import validate_lib  # pylint: disable=g-import-not-at-top
 
   package = subprocess.run([FLAGS.maxtext_python, "-c", "import maxtext, os; print(os.path.dirname(maxtext.__file__))"],
                            capture_output=True, text=True, env=_maxtext_env(), check=True).stdout.strip()
   run_dir = os.path.join(case.work, "sft")
   settings = [f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in overrides.items()]
-  rc = _run([FLAGS.maxtext_python, "-m", "maxtext.trainers.post_train.sft.train_sft_native",
+  if case.tunix_sft:
+    os.makedirs(run_dir, exist_ok=True)
+    tokens = os.path.join(run_dir, "tokens")
+    _write_mmap_tokens(tokens, int(overrides["vocab_size"]), FLAGS.seed)
+    trainer = "train_sft"
+    data = ["dataset_type=grain", "grain_file_type=mmap", f"grain_train_files={tokens}", "grain_worker_count=0",
+            "enable_data_shuffling=False"]
+    # Tunix's CheckpointManager: <root>/<step>/model_params (nnx.state) and optimizer_state; the last step is 2.
+    # The converter is given the step directory and finds model_params itself; MaxText loads model_params.
+    trained_step = os.path.join(run_dir, "sft", "checkpoints", "2")
+    trained = os.path.join(trained_step, "model_params")
+  else:
+    trainer = "train_sft_native"
+    data = ["dataset_type=synthetic"]
+    trained_step = trained = os.path.join(run_dir, "sft", "checkpoints", "1", "items")
+  rc = _run([FLAGS.maxtext_python, "-m", f"maxtext.trainers.post_train.sft.{trainer}",
              os.path.join(package, "configs", "base.yml"), f"model_name={case.maxtext_model}",
              "override_model_config=True", *settings, "run_name=sft", f"base_output_directory={run_dir}",
              f"load_parameters_path={os.path.join(out_dir, '0', 'items')}", "steps=2", "checkpoint_period=1",
-             "per_device_batch_size=1", "max_target_length=16", "dataset_type=synthetic", "hardware=cpu",
+             "per_device_batch_size=1", "max_target_length=16", *data, "hardware=cpu",
              "skip_jax_distributed_system=True", "attention=dot_product", "weight_dtype=float32", "dtype=float32",
              "enable_goodput_recording=False",  # MaxText's trainer makes its HLO dump directory even when not dumping.
-             f"dump_hlo_local_dir={os.path.join(run_dir, 'xla_dump')}"],
+             f"dump_hlo_local_dir={os.path.join(run_dir, 'xla_dump')}",
+             f"jax_cache_dir={os.path.join(run_dir, 'jax_cache')}"],  # Else ~/jax_cache.
             os.path.join(case.work, "sft.log"), _maxtext_env())
-  trained = os.path.join(run_dir, "sft", "checkpoints", "1", "items")
   back = os.path.join(case.work, "sft_hf")
   if rc == 0:
-    rc = _run([sys.executable, CONVERTER, "--direction=to_huggingface", f"--checkpoint_path={trained}",
+    rc = _run([sys.executable, CONVERTER, "--direction=to_huggingface", f"--checkpoint_path={trained_step}",
                f"--hf_config_path={case.hf_dir}", f"--output_dir={back}"], os.path.join(case.work, "back.log"),
               _converter_env())
-  if rc == 0:  # MaxText's own checkpoint records none of our metadata (the tree check's logical axes).
+  if rc == 0:  # MaxText's own checkpoint records none of our metadata (the tree check's logical axes); the tree
+    # check reads a params/params tree only, and MaxText's loader reads the NNX one (from_pretrained's NNX branch).
     rc = _run_maxtext([f"--checkpoint={trained}", f"--model_name={case.maxtext_model}", f"--overrides=@{overrides_path}",
-                       f"--token_ids={case.ids_path}", f"--output={logits_path}", "--allow_tree_mismatch"], log)
+                       f"--token_ids={case.ids_path}", f"--output={logits_path}",
+                       "--skip_tree_check" if case.tunix_sft else "--allow_tree_mismatch"], log)
   if rc == 0:
     base = case.reference
     with _TRANSFORMERS:
@@ -497,6 +540,7 @@ def main(argv: list[str]) -> int:
       model += " lora->peft" if case.lora_export else ""
       model += " peft->lora" if case.lora_restore else ""
       model += " sft->hf" if case.sft else ""
+      model += " tunix-sft->hf" if case.tunix_sft else ""
       model += " damaged" if case.damaged else ""
       shipped = "" if np.isnan(case.shipped_diff) else f"  (as shipped {case.shipped_diff:.2e}, floor {case.shipped_floor:g})"
       print(f"{model:<20} {case.maxtext_model:<17} {'on' if case.scan else 'off':<4} {diff:>10} {agree:>8}"
@@ -569,11 +613,12 @@ def main(argv: list[str]) -> int:
                           os.path.join(model_dir, "scan_on_lora_restore"), lora_restore=adapter)):
           cases.append(case)
           futures.append(pool.submit(lambda c: report(run_case(c)) or c, case))
-      if name in FLAGS.sft_families and True in scans and True in spec.scans and not spec.inputs:
-        case = Case(name, tiny_models.TINY_MODELS[name].maxtext_model, True, hf_dir, ids_path, reference,
-                    os.path.join(model_dir, "scan_on_sft"), sft=True)
-        cases.append(case)
-        futures.append(pool.submit(lambda c: report(run_case(c)) or c, case))
+      for trainer, trained in (("sft", FLAGS.sft_families), ("tunix_sft", FLAGS.tunix_sft_families)):
+        if name in trained and True in scans and True in spec.scans and not spec.inputs:
+          case = Case(name, tiny_models.TINY_MODELS[name].maxtext_model, True, hf_dir, ids_path, reference,
+                      os.path.join(model_dir, f"scan_on_{trainer}"), **{trainer: True})
+          cases.append(case)
+          futures.append(pool.submit(lambda c: report(run_case(c)) or c, case))
     concurrent.futures.wait(futures)
   for worker in _all_workers:
     worker.close()

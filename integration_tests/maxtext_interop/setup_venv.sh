@@ -61,8 +61,9 @@ build() {
     die "pip install from $REQ failed (last lines above)"
   fi
   rm -f "$log"
-  "$VENV/bin/python" -c 'import maxtext, jax, flax, orbax.checkpoint' >&2 \
-    || { rm -rf "$VENV"; die "the new venv cannot import maxtext"; }
+  # tunix: MaxText's Tunix-based trainer (train_sft) imports it, and its __init__ everything it needs.
+  "$VENV/bin/python" -c 'import maxtext, jax, flax, orbax.checkpoint, tunix' >&2 \
+    || { rm -rf "$VENV"; die "the new venv cannot import maxtext and tunix"; }
   echo "$want" >"$STAMP"
   say "$VENV ready in $((SECONDS - start))s"
 }
