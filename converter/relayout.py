@@ -75,7 +75,7 @@ def plan_relayout(checkpoint_path: str, options: PlanOptions, *, family: str | N
                            target_model=options.target_model or record.target_model, text_only=not towers)
   embedding = source.tensors.get("/".join(EMBEDDING))
   if embedding is None:
-    raise ConversionError(f"{items_path}: leaf {'/'.join(source.prefix + EMBEDDING)} is missing")
+    raise ConversionError(f"{items_path}: leaf {source.tree.show(EMBEDDING)} is missing")
   vocab = embedding.shape[0]
   if vocab < config.vocab_size:
     raise ConversionError(f"{items_path}: leaf {embedding.name} has {vocab} rows, fewer than {config_source}'s"
@@ -130,7 +130,7 @@ class _Leaves:
 
   def _tensor(self, path: str, fixed: tuple[tuple[int, int], ...], expected: Shape) -> MaxTextTensor:
     tensor = self._source.tensors.get(path)
-    shown = "/".join((*self._source.prefix, path))
+    shown = self._source.tree.show(path.split("/"))
     if tensor is None:
       raise ConversionError(f"{self._source.location}: leaf {shown} is missing; the {self._stored} checkpoint of"
                             f" {self._config_path} needs it")

@@ -17,6 +17,7 @@ import numpy as np
 from absl.testing import absltest, parameterized
 
 from converter import families, plan, relayout
+from converter.checkpoint_reader import StoredArray
 from converter.errors import ConversionError
 from converter.loaders import Copy, Stack
 from converter.model_config import load_model_config
@@ -51,19 +52,20 @@ class _Stored:
 class _StandIn:
   """A MaxText checkpoint made of a forward plan's leaf values: `open_maxtext` and the reads it serves."""
 
-  def __init__(self, forward: plan.Plan, prefix=maxtext.TRAIN_STATE_PARAMS, extra=None, drop=(), record=None):
+  def __init__(self, forward: plan.Plan, prefix=maxtext.PARAMS, suffix=(), extra=None, drop=(), record=None):
     self.items = _tmpdir()
-    self.values = {prefix + leaf.path: np.asarray(leaf.loader(), leaf.dtype) for leaf in forward.leaves
+    self.values = {prefix + leaf.path + suffix: np.asarray(leaf.loader(), leaf.dtype) for leaf in forward.leaves
                    if leaf.name not in drop}
     self.values.update(extra or {})
     self.record = record or ConversionRecord(scan_layers=forward.scan_layers, family=forward.family.name,
                                              target_model=forward.target_model, hf_config=dict(forward.config.raw))
 
   def open_maxtext(self, items_path):
-    prefix, leaves = maxtext.model_params(list(self.values), items_path)
-    tensors = {"/".join(below): maxtext.MaxTextTensor(items_path, keys, self.values[keys].shape,
-                                                      self.values[keys].dtype) for below, keys in leaves.items()}
-    return maxtext.MaxTextSource(items_path, tensors, (), self.record, prefix)
+    arrays = {keys: StoredArray(keys, ".".join(keys), value.shape, value.dtype) for keys, value in self.values.items()}
+    tree = maxtext.model_tree(arrays, items_path)
+    tensors = {"/".join(path): maxtext.MaxTextTensor(items_path, array.path, array.shape, array.dtype)
+               for path, array in tree.params.items()}
+    return maxtext.MaxTextSource(items_path, tensors, (), self.record, tree)
 
   def open(self, tensor):
     return _Stored(self.values[tensor.keys])
@@ -129,13 +131,18 @@ class RelayoutTest(parameterized.TestCase):
     leaves = {leaf.name: np.asarray(leaf.loader(), leaf.dtype) for leaf in forward.leaves}
     optimizer = {("opt_state", "mu", "params") + leaf.path: np.zeros(leaf.shape, np.float32)
                  for leaf in forward.leaves}
-    _, values = _StandIn(forward, extra=optimizer).relayout(scan_layers=True, save_dtype="float32")
-    self.assertEqual(values.keys(), leaves.keys())
-    nnx = _StandIn(forward, prefix=("model",))
-    nnx.values = {key + ("value",): value for key, value in nnx.values.items()}
-    _, values = nnx.relayout(scan_layers=True, save_dtype="float32")
-    for name, value in leaves.items():
-      np.testing.assert_array_equal(values[name][0], value, err_msg=name)
+    trees = {
+        "TrainState": _StandIn(forward, extra=optimizer),
+        # Tunix's model_params: every Variable under .../value, its random streams beside the weights.
+        "NNX": _StandIn(forward, prefix=(), suffix=("value",),
+                        extra={("rngs", "params", "key", "value"): np.zeros((2,), np.uint32)}),
+        "NNX under base/": _StandIn(forward, prefix=("base",), suffix=("value",)),
+    }
+    for kind, stand_in in trees.items():
+      _, values = stand_in.relayout(scan_layers=True, save_dtype="float32")
+      self.assertEqual(values.keys(), leaves.keys(), kind)
+      for name, value in leaves.items():
+        np.testing.assert_array_equal(values[name][0], value, err_msg=f"{kind}: {name}")
 
   def test_what_the_family_does_not_know_is_refused_naming_the_leaf(self):
     forward = _forward(self.models["qwen3"], scan_layers=True, save_dtype="float32")
@@ -150,8 +157,8 @@ class RelayoutTest(parameterized.TestCase):
     wrong.values[key] = wrong.values[key][:, :, :-1]
     with self.assertRaisesRegex(ConversionError, "leaf params/params/decoder/layers/mlp/wo/kernel has shape"):
       wrong.relayout()
-    with self.assertRaisesRegex(ConversionError, "no model parameters found .* the tree holds opt_state/mu"):
-      maxtext.model_params([("opt_state", "mu", "x"), ("step",)], "ITEMS")
+    with self.assertRaisesRegex(ConversionError, "neither a MaxText TrainState .* under: opt_state, step"):
+      maxtext.model_tree({("opt_state", "mu", "x"): None, ("step",): None}, "ITEMS")
 
   def test_forward_only_options_are_refused(self):
     forward = _forward(self.models["qwen3"], scan_layers=True, save_dtype="float32")

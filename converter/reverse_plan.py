@@ -30,6 +30,7 @@ from converter.loaders import ROW_BLOCK_BYTES, row_slabs, slab_ops
 from converter.safetensors_output import TensorSpec
 from converter.serving_files import Original
 from converter.sources import SAFETENSORS_DTYPES
+from converter.sources.maxtext import model_tree
 
 if TYPE_CHECKING:  # Imported where used: planning needs only the reader's metadata.
   from converter.checkpoint_reader import CheckpointReader, StoredArray
@@ -201,64 +202,6 @@ def _row_slab_parts(param: Param, leaf: tuple[str, ...], index: tuple[Any, ...],
   return parts
 
 
-@dataclasses.dataclass(frozen=True)
-class ModelTree:
-  """The model's weights in a checkpoint's tree: by their path under a Linen TrainState's params/params (the
-  family layouts' paths), each the stored leaf it is (`StoredArray.path`: the tree's own keys)."""
-
-  where: str  # Where its weights are, for messages.
-  prefix: tuple[str, ...]  # The stored keys before a weight's path (for messages about missing leaves).
-  suffix: tuple[str, ...]  # And after it.
-  params: dict[tuple[str, ...], "StoredArray"]
-
-  def show(self, keys: Sequence[str]) -> str:
-    return _show((*self.prefix, *keys, *self.suffix))
-
-
-def _is_rng_state(keys: tuple[str, ...]) -> bool:
-  """An NNX RngState leaf (`.../rngs/<stream>/{key,count}/value`): the module's random streams, not a weight."""
-  return len(keys) >= 4 and keys[-4] == "rngs" and keys[-2] in ("key", "count")
-
-
-def model_tree(reader: CheckpointReader, items_path: str) -> ModelTree:
-  """The weights of the checkpoint at `items_path`, told from its own tree:
-
-  - a Linen TrainState (this converter's output, MaxText's pre-training and native SFT trainers): the arrays under
-    params/params;
-  - an NNX state (Tunix's CheckpointManager, `<step>/model_params`, which MaxText's Tunix-based train_sft and
-    train_rl save through; MaxText's NNX loader reads it too): every Variable a `.../value` leaf, under `base/`
-    where the model was wrapped (MaxText's TunixMaxTextAdapter in RL); RngState leaves (`rngs/...`) dropped, and an
-    nnx.List's `layers/0` read as Linen's `layers_0`.
-  Anything else is refused, naming what the tree holds."""
-  arrays = reader.arrays
-  params = {k[len(PARAMS):]: a for k, a in arrays.items() if k[: len(PARAMS)] == PARAMS}
-  if params:
-    return ModelTree("under params/params", PARAMS, (), params)
-  base = ("base",) if arrays and all(k[:1] == ("base",) for k in arrays) else ()
-  if arrays and all(k[-1:] == ("value",) for k in arrays):
-    nnx_params = {}
-    for keys, array in arrays.items():
-      if _is_rng_state(keys):
-        continue
-      folded: list[str] = []
-      for key in keys[len(base):-1]:
-        if key.isdigit() and folded:
-          folded[-1] = f"{folded[-1]}_{key}"
-        else:
-          folded.append(key)
-      nnx_params[tuple(folded)] = array
-    if nnx_params and all(k[-1].endswith(("_lora_a", "_lora_b")) for k in nnx_params):
-      raise ConversionError(
-          f"{items_path}: an NNX state of LoRA factors only (Tunix saves only those for a LoRA run): it holds no"
-          " base weights to write back; pass it as --lora_checkpoint_path with the base checkpoint")
-    if nnx_params:
-      return ModelTree("of the NNX state (Tunix's model_params)", base, ("value",), nnx_params)
-  top = sorted({k[0] for k in arrays})
-  raise ConversionError(
-      f"{items_path}: neither a MaxText TrainState (arrays under params/params) nor an NNX state as Tunix saves it"
-      f" (<step>/model_params, every leaf .../value); its arrays are under: {', '.join(top) or 'nothing'}")
-
-
 def _show(keys: Sequence[str]) -> str:
   return "/".join(keys)
 
@@ -309,7 +252,7 @@ def plan_to_huggingface(
     from converter.checkpoint_reader import CheckpointReader  # pylint: disable=g-import-not-at-top
 
     reader = CheckpointReader(items_path, dequantize_fp8=True)
-  tree = model_tree(reader, items_path)
+  tree = model_tree(reader.arrays, items_path)
   params = tree.params
   # The tree says whether the towers were converted (a checkpoint MaxText's trainer wrote records nothing).
   towers = any(k[0] in TOWER_SUBTREES for k in params)

@@ -3,8 +3,8 @@ region by region through TensorStore (converter/checkpoint_reader.py), without J
 
 Any tree MaxText 0.2.5 writes or loads holds its parameters in one subtree: a linen TrainState under
 `params/params` (ours, MaxText's converter's, its trainer's with `opt_state` and `step` beside them, a params-only
-checkpoint), or an NNX state whose leaves end in `value`. `model_params` finds it; the optimizer state and step are
-not tensors of the model and are left unread.
+checkpoint), or an NNX state whose leaves end in `value` (Tunix's `model_params`). `model_tree` finds it, for both
+directions; the optimizer state and step are not tensors of the model and are left unread.
 
 A tensor is a small frozen record (the items directory, the leaf, and the stacking positions that select one layer),
 so a plan built on it pickles across processes; each process opens the stored arrays it reads once, with a chunk
@@ -16,7 +16,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import threading
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -26,11 +26,13 @@ from converter.errors import ConversionError
 from converter.output import layout as orbax_layout
 from converter.sources.base import Region, region_bounds, squeeze_ints
 
-TRAIN_STATE_PARAMS = ("params", "params")  # Where a linen TrainState keeps the model's parameters.
-NNX_VALUE = "value"  # The last key of every NNX variable's array.
+PARAMS = ("params", "params")  # Where a linen TrainState keeps the model's parameters.
 EMBEDDING = ("token_embedder", "embedding")
-# Chunk cache of one open stored array: the chunks a layer's slice touches, reused by the next layer's.
-READ_CACHE_BYTES = 256 << 20
+# Chunk cache of one open stored array: the chunks a layer's slice touches, reused by the next read of the same
+# chunk. Small: a cache fills up to its limit whether or not a chunk is read again, and on our own checkpoints (a
+# layer per chunk, chunks of at most 4 MiB) no chunk is: 256 MiB x 4 arrays held 0.83 GiB beside the 0.51 GiB
+# `--dry_run` predicts, 32 MiB 0.11 GiB, none 0.0, at the same CPU-s (docs/relayout.md, "Memory and time").
+READ_CACHE_BYTES = 32 << 20
 _OPEN_ARRAYS = 4  # Open arrays kept per process, most recently read first; each holds its own chunk cache.
 
 
@@ -102,51 +104,82 @@ class MaxTextSource:
   tensors: Mapping[str, MaxTextTensor]
   files: tuple[str, ...]
   record: Any  # converter.output.record.ConversionRecord: what the checkpoint records of its conversion.
-  prefix: tuple[str, ...]  # The parameter subtree's keys (params/params, or an NNX state's).
+  tree: ModelTree  # Where its parameters are in the stored tree.
   quant_method: str | None = None  # Leaves are stored as floats; the original's format is in `record`.
   lora: dict[str, Any] | None = None  # A MaxText LoRA checkpoint merged in (lora_export.Merge.record).
 
-  def leaf(self, keys: tuple[str, ...]) -> MaxTextTensor | None:
-    return self.tensors.get("/".join(keys))
 
 
-def model_params(paths: list[tuple[str, ...]], items_path: str) -> tuple[tuple[str, ...], dict[tuple[str, ...],
-                                                                                            tuple[str, ...]]]:
-  """The parameter subtree's keys and its leaves (stored keys by their path below it, an NNX `value` dropped):
-  the subtree holding `token_embedder/embedding`. Refuses a tree without one, naming what it holds."""
-  for path in paths:
-    keys = path[:-1] if path[-1] == NNX_VALUE else path
-    if keys[-len(EMBEDDING):] == EMBEDDING:
-      prefix = keys[:-len(EMBEDDING)]
-      if prefix[-1:] == ("decoder",) or "lora" in "/".join(prefix):
+@dataclasses.dataclass(frozen=True)
+class ModelTree:
+  """The model's weights in a checkpoint's tree: by their path under a Linen TrainState's params/params (the
+  family layouts' paths), each the stored leaf it is (`StoredArray.path`: the tree's own keys)."""
+
+  where: str  # Where its weights are, for messages.
+  prefix: tuple[str, ...]  # The stored keys before a weight's path (for messages about missing leaves).
+  suffix: tuple[str, ...]  # And after it.
+  params: dict[tuple[str, ...], Any]  # checkpoint_reader.StoredArray (or what a test reads), by path.
+
+  def show(self, keys: Sequence[str]) -> str:
+    return "/".join((*self.prefix, *keys, *self.suffix))
+
+
+def _is_rng_state(keys: tuple[str, ...]) -> bool:
+  """An NNX RngState leaf (`.../rngs/<stream>/{key,count}/value`): the module's random streams, not a weight."""
+  return len(keys) >= 4 and keys[-4] == "rngs" and keys[-2] in ("key", "count")
+
+
+def model_tree(arrays: Mapping[tuple[str, ...], Any], items_path: str) -> ModelTree:
+  """The weights of the checkpoint at `items_path` (`arrays`: its stored arrays by tree keys), told from its own
+  tree:
+
+  - a Linen TrainState (this converter's output, MaxText's pre-training and native SFT trainers): the arrays under
+    params/params;
+  - an NNX state (Tunix's CheckpointManager, `<step>/model_params`, which MaxText's Tunix-based train_sft and
+    train_rl save through; MaxText's NNX loader reads it too): every Variable a `.../value` leaf, under `base/`
+    where the model was wrapped (MaxText's TunixMaxTextAdapter in RL); RngState leaves (`rngs/...`) dropped, and an
+    nnx.List's `layers/0` read as Linen's `layers_0`.
+  Anything else is refused, naming what the tree holds."""
+  params = {k[len(PARAMS):]: a for k, a in arrays.items() if k[: len(PARAMS)] == PARAMS}
+  if params:
+    return ModelTree("under params/params", PARAMS, (), params)
+  base = ("base",) if arrays and all(k[:1] == ("base",) for k in arrays) else ()
+  if arrays and all(k[-1:] == ("value",) for k in arrays):
+    nnx_params = {}
+    for keys, array in arrays.items():
+      if _is_rng_state(keys):
         continue
-      leaves = {}
-      for stored in paths:
-        if stored[:len(prefix)] != prefix:
-          continue
-        below = stored[len(prefix):]
-        leaves[below[:-1] if below[-1] == NNX_VALUE else below] = stored
-      return prefix, leaves
-  tops = sorted({"/".join(p[:2]) for p in paths})
-  raise ConversionError(f"{items_path}: no model parameters found (no token_embedder/embedding leaf in a"
-                        f" TrainState's params/params or an NNX state); the tree holds {', '.join(tops[:8])}"
-                        f"{' ...' if len(tops) > 8 else ''}")
+      folded: list[str] = []
+      for key in keys[len(base):-1]:
+        if key.isdigit() and folded:
+          folded[-1] = f"{folded[-1]}_{key}"
+        else:
+          folded.append(key)
+      nnx_params[tuple(folded)] = array
+    if nnx_params and all(k[-1].endswith(("_lora_a", "_lora_b")) for k in nnx_params):
+      raise ConversionError(
+          f"{items_path}: an NNX state of LoRA factors only (Tunix saves only those for a LoRA run): it holds no"
+          " base weights to write back; pass it as --lora_checkpoint_path with the base checkpoint")
+    if nnx_params:
+      return ModelTree("of the NNX state (Tunix's model_params)", base, ("value",), nnx_params)
+  top = sorted({k[0] for k in arrays})
+  raise ConversionError(
+      f"{items_path}: neither a MaxText TrainState (arrays under params/params) nor an NNX state as Tunix saves it"
+      f" (<step>/model_params, every leaf .../value); its arrays are under: {', '.join(top) or 'nothing'}")
 
 
 def open_maxtext(items_path: str) -> MaxTextSource:
   """The parameter leaves of the MaxText checkpoint at `items_path` (OUT/N/items), from its metadata alone."""
   from converter.output.record import ConversionRecord  # pylint: disable=g-import-not-at-top
 
-  reader = _reader(items_path)
-  prefix, leaves = model_params(list(reader.arrays), items_path)
+  tree = model_tree(_reader(items_path).arrays, items_path)
   tensors = {}
-  for below, stored in leaves.items():
-    array = reader.arrays[stored]
+  for path, array in tree.params.items():
     if array.dtype.kind not in "fV":
-      raise ConversionError(f"{items_path}: leaf {'/'.join(stored)} has dtype {array.dtype}, not a float")
-    tensors["/".join(below)] = MaxTextTensor(items_path, stored, array.shape, array.dtype)
+      raise ConversionError(f"{items_path}: leaf {'/'.join(array.path)} has dtype {array.dtype}, not a float")
+    tensors["/".join(path)] = MaxTextTensor(items_path, array.path, array.shape, array.dtype)
   return MaxTextSource(items_path, tensors, (storage.join(items_path, orbax_layout.TREE_METADATA),),
-                       ConversionRecord.read(items_path), prefix)
+                       ConversionRecord.read(items_path), tree)
 
 
 _lock = threading.Lock()
