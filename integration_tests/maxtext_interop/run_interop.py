@@ -39,6 +39,7 @@ if ROOT not in sys.path:
 
 from absl import app, flags  # noqa: E402
 
+import ml_dtypes  # noqa: E402
 import numpy as np  # noqa: E402
 
 from converter.output.record import ConversionRecord  # noqa: E402
@@ -416,6 +417,9 @@ def _maxtext_sft(case: Case, out_dir: str, overrides: dict, overrides_path: str,
     trainer = "train_sft_native"
     data = ["dataset_type=synthetic"]
     trained_step = trained = os.path.join(run_dir, "sft", "checkpoints", "1", "items")
+  env = _maxtext_env()
+  if not case.tunix_sft:  # Its TrainState sharded over 4 devices (fsdp), as a trainer on a slice writes one.
+    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
   rc = _run([FLAGS.maxtext_python, "-m", f"maxtext.trainers.post_train.sft.{trainer}",
              os.path.join(package, "configs", "base.yml"), f"model_name={case.maxtext_model}",
              "override_model_config=True", *settings, "run_name=sft", f"base_output_directory={run_dir}",
@@ -425,7 +429,7 @@ def _maxtext_sft(case: Case, out_dir: str, overrides: dict, overrides_path: str,
              "enable_goodput_recording=False",  # MaxText's trainer makes its HLO dump directory even when not dumping.
              f"dump_hlo_local_dir={os.path.join(run_dir, 'xla_dump')}",
              f"jax_cache_dir={os.path.join(run_dir, 'jax_cache')}"],  # Else ~/jax_cache.
-            os.path.join(case.work, "sft.log"), _maxtext_env())
+            os.path.join(case.work, "sft.log"), env)
   back = os.path.join(case.work, "sft_hf")
   if rc == 0:
     rc = _run([sys.executable, CONVERTER, "--direction=to_huggingface", f"--checkpoint_path={trained_step}",
@@ -442,7 +446,55 @@ def _maxtext_sft(case: Case, out_dir: str, overrides: dict, overrides_path: str,
       case.reference = validate_lib.reference_logits(back, np.load(case.ids_path))
     if validate_lib.compare_logits(case.reference, base)[0] < 10 * FLAGS.atol:
       raise RuntimeError("two SFT steps did not move the logits: the check could not tell the base from the trained")
+  if rc == 0 and not case.tunix_sft:
+    rc = _relaid_train_state(case, trained, overrides, logits_path, log)
   return rc
+
+
+def _relaid_train_state(case: Case, trained: str, overrides: dict, logits_path: str, log: str) -> int:
+  """The trainer's TrainState (fsdp-sharded over its 4 devices, scanned, with its optimizer state) laid out again
+  by our converter (--checkpoint_path): unscanned in float32, MaxText's logits on it equal its logits on the
+  TrainState; scanned in bfloat16 for fsdp=4, every leaf the TrainState's rounded to bfloat16."""
+  from converter import checkpoint_reader  # pylint: disable=g-import-not-at-top
+  from converter.sources import maxtext  # pylint: disable=g-import-not-at-top
+  from tools import validate_lib  # pylint: disable=g-import-not-at-top
+
+  relaid = {}
+  for name, flags in (("unscanned", ["--scan_layers=false", "--save_dtype=float32", "--verify"]),
+                      ("mesh", ["--scan_layers=true", "--save_dtype=bfloat16", "--target_mesh=fsdp=4"])):
+    relaid[name] = os.path.join(case.work, f"relaid_{name}")
+    rc = _run([sys.executable, CONVERTER, f"--checkpoint_path={trained}", f"--hf_config_path={case.hf_dir}",
+               f"--output_dir={relaid[name]}", "--simulated_cpu_devices_count=1", *flags],
+              os.path.join(case.work, f"relaid_{name}.log"), _converter_env())
+    if rc:
+      return rc
+  unscanned_overrides = os.path.join(case.work, "relaid_overrides.json")
+  with open(unscanned_overrides, "w", encoding="utf-8") as f:
+    json.dump(dict(overrides, scan_layers=False), f)
+  relaid_logits = os.path.join(case.work, "relaid_logits.npy")
+  rc = _run_maxtext([f"--checkpoint={os.path.join(relaid['unscanned'], '0', 'items')}",
+                     f"--model_name={case.maxtext_model}", f"--overrides=@{unscanned_overrides}",
+                     f"--token_ids={case.ids_path}", f"--output={relaid_logits}"], log)
+  if rc:
+    return rc
+  diff = validate_lib.compare_logits(np.load(relaid_logits), np.load(logits_path))[0]
+  print(f"  {case.name}: MaxText on the TrainState laid out unscanned vs on the TrainState: max|diff| {diff:.2e}")
+  if not diff <= 1e-5:
+    raise RuntimeError(f"MaxText's logits on the re-laid-out TrainState differ from its logits on the TrainState by"
+                       f" {diff:.2e}")
+  trained_reader = checkpoint_reader.CheckpointReader(trained)
+  mesh_items = os.path.join(relaid["mesh"], "0", "items")
+  mesh_reader = checkpoint_reader.CheckpointReader(mesh_items)
+  expected = maxtext.model_tree(trained_reader.arrays, trained).params
+  got = maxtext.model_tree(mesh_reader.arrays, mesh_items).params
+  if sorted(got) != sorted(expected):
+    raise RuntimeError(f"the re-laid-out TrainState's leaves differ: {sorted(set(got) ^ set(expected))[:5]}")
+  for path, array in expected.items():
+    want = trained_reader.open(array, (), 1 << 30).read(()).astype(ml_dtypes.bfloat16)
+    value = mesh_reader.open(got[path], (), 1 << 30).read(())
+    if value.dtype != want.dtype or not np.array_equal(value.view(np.uint16), want.view(np.uint16)):
+      raise RuntimeError(f"leaf {'/'.join(path)} laid out in bfloat16 is not the TrainState's rounded")
+  return 0
 
 
 def _run_processes(command: list[str], count: int, log: str) -> int:
