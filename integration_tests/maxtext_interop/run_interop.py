@@ -343,6 +343,25 @@ def _maxtext_lora_export(case: Case, out_dir: str, overrides_path: str, logits_p
                f"--checkpoint_path={os.path.join(out_dir, '0', 'items')}",
                f"--lora_checkpoint_path={os.path.join(lora_dir, '0', 'items')}", f"--output_dir={merged}"],
               os.path.join(case.work, "merged.log"), _converter_env())
+  merged_maxtext = os.path.join(case.work, "merged_maxtext")
+  merged_maxtext_logits = os.path.join(case.work, "merged_maxtext_logits.npy")
+  if rc == 0:  # The same merge into one MaxText checkpoint (--direction=to_maxtext), run by MaxText without LoRA.
+    rc = _run([sys.executable, CONVERTER, f"--checkpoint_path={os.path.join(out_dir, '0', 'items')}",
+               f"--lora_checkpoint_path={os.path.join(lora_dir, '0', 'items')}", f"--output_dir={merged_maxtext}",
+               "--save_dtype=float32", "--simulated_cpu_devices_count=1"],
+              os.path.join(case.work, "merged_maxtext.log"), _converter_env())
+  if rc == 0:
+    rc = _run_maxtext([f"--checkpoint={os.path.join(merged_maxtext, '0', 'items')}",
+                       f"--model_name={case.maxtext_model}", f"--overrides=@{overrides_path}",
+                       f"--token_ids={case.ids_path}", f"--output={merged_maxtext_logits}"],
+                      os.path.join(case.work, "merged_maxtext_logits.log"))
+  if rc == 0:
+    diff, _, agree = validate_lib.compare_logits(np.load(logits_path), np.load(merged_maxtext_logits))
+    print(f"  {case.name}: MaxText on the base with MaxText's LoRA merged in (--direction=to_maxtext) vs MaxText's"
+          f" LoRA forward: max|diff| {diff:.2e}")
+    if diff > FLAGS.atol or agree < 1.0:
+      raise RuntimeError(f"MaxText on the merged MaxText checkpoint vs its LoRA forward: max|diff| {diff:.3g},"
+                         f" argmax {agree:.2%}")
   if rc == 0:
     base = case.reference
     ids = np.load(case.ids_path)
@@ -447,11 +466,11 @@ def _maxtext_sft(case: Case, out_dir: str, overrides: dict, overrides_path: str,
     if validate_lib.compare_logits(case.reference, base)[0] < 10 * FLAGS.atol:
       raise RuntimeError("two SFT steps did not move the logits: the check could not tell the base from the trained")
   if rc == 0 and not case.tunix_sft:
-    rc = _relaid_train_state(case, trained, overrides, logits_path, log)
+    rc = _relaid_train_state(case, trained, overrides, logits_path)
   return rc
 
 
-def _relaid_train_state(case: Case, trained: str, overrides: dict, logits_path: str, log: str) -> int:
+def _relaid_train_state(case: Case, trained: str, overrides: dict, logits_path: str) -> int:
   """The trainer's TrainState (fsdp-sharded over its 4 devices, scanned, with its optimizer state) laid out again
   by our converter (--checkpoint_path): unscanned in float32, MaxText's logits on it equal its logits on the
   TrainState; scanned in bfloat16 for fsdp=4, every leaf the TrainState's rounded to bfloat16."""
@@ -474,7 +493,8 @@ def _relaid_train_state(case: Case, trained: str, overrides: dict, logits_path: 
   relaid_logits = os.path.join(case.work, "relaid_logits.npy")
   rc = _run_maxtext([f"--checkpoint={os.path.join(relaid['unscanned'], '0', 'items')}",
                      f"--model_name={case.maxtext_model}", f"--overrides=@{unscanned_overrides}",
-                     f"--token_ids={case.ids_path}", f"--output={relaid_logits}"], log)
+                     f"--token_ids={case.ids_path}", f"--output={relaid_logits}"],
+                    os.path.join(case.work, "relaid_logits.log"))
   if rc:
     return rc
   diff = validate_lib.compare_logits(np.load(relaid_logits), np.load(logits_path))[0]
