@@ -45,14 +45,16 @@ class InterruptionTest(parameterized.TestCase):
     return [f"--hf_model_path={cls.model}", f"--output_dir={out}", "--simulated_cpu_devices_count=1",
             fixtures.STREAMING_BUDGET, "--noprogress", *extra]
 
-  def _start_and_stop(self, out: str, sig: int) -> subprocess.CompletedProcess:
-    """Starts a conversion, waits until some blocks are durably written, then sends `sig`.
+  def _start_and_stop(self, out: str, sig: int, flags: list[str] | None = None) -> subprocess.CompletedProcess:
+    """Starts a conversion (`flags`, default `self.flags(out)`), waits until some blocks are durably written, then
+    sends `sig`.
 
     The conversion runs niced: on a busy machine (CI runs two tests at a time) it otherwise went on to its last
     block while this process waited for the CPU to look at the journal, and a SIGINT then came too late.
     """
     env = harness.converter_env()
-    child = subprocess.Popen(["nice", "-n", "10", sys.executable, harness.CONVERTER_MAIN, *self.flags(out)], env=env,
+    child = subprocess.Popen(["nice", "-n", "10", sys.executable, harness.CONVERTER_MAIN, *(flags or self.flags(out))],
+                             env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
     while _journaled_blocks(out) < 8 and child.poll() is None and time.monotonic() < deadline:
@@ -82,6 +84,22 @@ class InterruptionTest(parameterized.TestCase):
         checkpoint_io.restore_v0(os.path.join(self.reference, "0", "items")),
     )
     self.assertEqual(diffs, [])
+
+  def test_a_maxtext_checkpoint_laid_out_again_resumes_identically(self):
+    relayout = lambda out, *extra: [f"--checkpoint_path={self.reference}/0/items", f"--output_dir={out}",
+                                    "--scan_layers=false", "--simulated_cpu_devices_count=1",
+                                    fixtures.STREAMING_BUDGET, "--noprogress", *extra]
+    clean = os.path.join(harness.scratch_dir("relaid-clean-"), "out")
+    harness.run_converter(*relayout(clean))
+    out = os.path.join(harness.scratch_dir("relaid-interrupted-"), "out")
+    self._start_and_stop(out, signal.SIGKILL, relayout(out))
+    self.assertEqual(harness.committed_files(out), [])
+    resumed = harness.run_converter(*relayout(out, "--resume", "--verify"))
+    self.assertGreater(int(resumed.stdout.split("resumed:")[1].split()[0]), 0)
+    self.assertIn(", 0 mismatches", resumed.stdout)
+    self.assertEqual(checkpoint_io.trees_bit_identical(checkpoint_io.restore_v0(os.path.join(out, "0", "items")),
+                                                       checkpoint_io.restore_v0(os.path.join(clean, "0", "items"))),
+                     [])
 
   def test_resume_refuses_changed_inputs(self):
     out = os.path.join(harness.scratch_dir("changed-"), "out")
