@@ -23,6 +23,11 @@ times `--keep_fp8`, against its own floor: the output is then about as large as 
 checkpoint (headers, and holes where the data goes) and times `--dry_run` on it: the plan and every check a
 conversion makes before it reads a weight, from the headers alone.
 
+`--relayout` also lays each output out again (MaxText -> MaxText, `--checkpoint_path`, the scan flipped,
+bfloat16), against the I/O floor of reading that checkpoint and writing as many bytes as the relayout writes, and
+the codec floor of decoding the source's chunks plus encoding the output's (the decompression floor plus the
+compression floor at the level the relayout writes with).
+
 Each completed run also adds a section to a Markdown results page (`--results_page`, by default
 docs/benchmark-results.md in the repository), headed by its date, the machine and the exact command, with the
 tables it printed: measured figures are recorded by the tool that measured them, never pasted by hand.
@@ -78,6 +83,9 @@ flags.DEFINE_boolean("maxtext_route", True, "For a quantized input, also time Ma
                      " the codec floor and the CPU-s ratios are then not measured.")
 flags.DEFINE_boolean("reverse", True, "Also convert each output back to HuggingFace, against its own floors:"
                      " reading the checkpoint + writing the safetensors, and zstd decompression.")
+flags.DEFINE_boolean("relayout", False, "Also lay each output out again as MaxText (--checkpoint_path, scan flipped,"
+                     " bfloat16: docs/relayout.md), against its own floors: reading the checkpoint + writing the new one,"
+                     " and decompression + compression (the source's chunks decoded, the output's encoded).")
 flags.DEFINE_integer("shard_mb", 4096, "Largest safetensors shard of the synthetic checkpoint, in MiB (one tensor"
                      " larger than it gets a shard of its own).")
 flags.DEFINE_integer("lora_rank", 0, "Also convert with a random LoRA adapter of this rank merged (every attention"
@@ -710,6 +718,18 @@ def _bucket_runs(input_dir: str, env: dict[str, str], cgroup: MemoryCgroup | Non
   return table
 
 
+def _scan(scan_layers: bool) -> str:
+  return "on" if scan_layers else "off"
+
+
+def _relayout_command(items_path: str, output_dir: str, devices: str) -> list[str]:
+  """The checkpoint at `items_path` laid out again (MaxText -> MaxText): the other --scan_layers, bfloat16."""
+  return [_PYTHON, os.path.join(_REPO, "converter", "main.py"), "--direction=to_maxtext",
+          f"--checkpoint_path={items_path}", f"--output_dir={output_dir}", "--overwrite",
+          f"--simulated_cpu_devices_count={devices}", f"--scan_layers={not FLAGS.scan_layers}",
+          "--save_dtype=bfloat16", "--noprogress"]
+
+
 def _reverse_command(items_path: str, output_dir: str) -> list[str]:
   return [_PYTHON, os.path.join(_REPO, "converter", "main.py"), "--direction=to_huggingface",
           f"--checkpoint_path={items_path}", f"--output_dir={output_dir}", "--noprogress"]
@@ -724,14 +744,17 @@ CONVERSION_COLUMNS = ("conversion", "size", "devices", "scan", "wall (median)", 
 
 def _row(label: str, devices: str, wall: float, peak: float, out_bytes: int | str, moved_bytes: int, io: float,
          codec: float | None, start_up: tuple[float, float], note: str = "",
-         cpu: tuple[float, float, float] | None = None, predicted_peak: int | None = None) -> tuple[str, ...]:
-  """One row of CONVERSION_COLUMNS; `cpu`: the conversion's CPU-s, the codec floor's and the transpose floor's."""
+         cpu: tuple[float, float, float] | None = None, predicted_peak: int | None = None,
+         scan: str | None = None) -> tuple[str, ...]:
+  """One row of CONVERSION_COLUMNS; `cpu`: the conversion's CPU-s, the codec floor's and the transpose floor's;
+  `scan`: the scan cell (by default --scan_layers')."""
   out = f"{out_bytes / 1e9:.2f} GB" if isinstance(out_bytes, int) else out_bytes
   floor = max(io, codec or 0.0)
   peak_cell = f"{peak / 2**30:.2f} GiB"
   if predicted_peak:
     peak_cell += f" (--dry_run: {predicted_peak / 2**30:.2f} GiB, {predicted_peak / peak - 1:+.0%})"
-  return (label, f"{moved_bytes / 1e9:.1f} GB", devices, "on" if FLAGS.scan_layers else "off", f"{wall:.1f} s",
+  scan = _scan(FLAGS.scan_layers) if scan is None else scan
+  return (label, f"{moved_bytes / 1e9:.1f} GB", devices, scan, f"{wall:.1f} s",
           peak_cell, out, f"{moved_bytes / wall / 1e6:.0f} MB/s", f"{io:.1f} s",
           "" if codec is None else f"{codec:.1f} s", f"{wall / floor:.2f}{note}", f"{(wall - start_up[0]) / floor:.2f}",
           "" if cpu is None else f"{cpu[0]:.1f} / " + ("-" if cpu[1] is None else f"{cpu[1]:.1f}"),
@@ -838,9 +861,12 @@ def main(argv: list[str]) -> None:
   input_bytes = _du(input_dir)
   output_floor_bytes = input_bytes * (2 if quantized else 1)  # FP8 becomes bfloat16.
   floors, native_floors, codec_floors, reverse_floors = [], [], [], []  # codec: (encode, decode, their CPU-s)
+  relayout_floors, relayout_encode_floors = [], []  # I/O; the dequantized copy encoded at the relayout's level.
   copy_floors = []  # A plain copy of the bytes the conversion transposes: (seconds, CPU-s).
   median = lambda runs, k: statistics.median(r[k] for r in runs)
   rows, native_rows, reverse_rows, lora_rows, variant_rows, variant_reverse_rows = [], [], [], [], [], []
+  relayout_rows = []
+  relayout_dir = os.path.join(FLAGS.work_dir, "relayout")
   adapter_dir = os.path.join(FLAGS.work_dir, f"lora-r{FLAGS.lora_rank}")
   if FLAGS.lora_rank:
     from converter.sources import open_safetensors  # pylint: disable=g-import-not-at-top
@@ -853,7 +879,9 @@ def main(argv: list[str]) -> None:
     print(f"wrote a rank-{FLAGS.lora_rank} LoRA adapter of {len(modules)} modules to {adapter_dir}", flush=True)
   for devices in FLAGS.devices:
     walls, peaks, cpus, routes, native_runs, reverse_runs, lora_runs = [], [], [], [], [], [], []
-    variant_runs, variant_reverse_runs = [], []
+    variant_runs, variant_reverse_runs, relayout_runs = [], [], []
+    relayout_command = _relayout_command(os.path.join(output_dir, "0", "items"), relayout_dir, devices)
+    relayout_predicted_peak = None
     predicted_peak, transposed = dry_run_figures(_convert_command(input_dir, output_dir, devices), env)
     lora_command = _convert_command(input_dir, output_dir, devices, f"--lora_adapter_path={adapter_dir}")
     lora_predicted_peak = dry_run_peak(lora_command, env) if FLAGS.lora_rank else None
@@ -886,6 +914,18 @@ def main(argv: list[str]) -> None:
         shutil.rmtree(back_dir, ignore_errors=True)
         reverse_floors.append(in_child(io_floor, _files(output_dir), back_bytes, FLAGS.work_dir))
         reverse_runs.append((reverse_wall, reverse_peak, back_bytes, reverse_cpu))
+      if FLAGS.relayout:
+        if relayout_predicted_peak is None:  # Planned from the output's metadata: once it is there.
+          relayout_predicted_peak = dry_run_peak(relayout_command, env)
+        shutil.rmtree(relayout_dir, ignore_errors=True)
+        warm(output_dir)
+        relayout_wall, relayout_peak, relayout_cpu = _run(
+            f"  MaxText -> MaxText, scan {_scan(FLAGS.scan_layers)} -> {_scan(not FLAGS.scan_layers)}",
+            relayout_command, env, cgroup)
+        relayout_bytes = _du(relayout_dir)
+        shutil.rmtree(relayout_dir, ignore_errors=True)
+        relayout_floors.append(in_child(io_floor, _files(output_dir), relayout_bytes, FLAGS.work_dir))
+        relayout_runs.append((relayout_wall, relayout_peak, relayout_cpu, relayout_bytes))
       if FLAGS.lora_rank:
         shutil.rmtree(output_dir, ignore_errors=True)
         lora_runs.append((*_run("  --lora_adapter_path", lora_command, env, cgroup), _du(output_dir)))
@@ -907,6 +947,9 @@ def main(argv: list[str]) -> None:
         copy_bytes = sum(os.path.getsize(f) for f in _files(copy_dir, ".safetensors"))
         codec_floors.append(in_child(compression_floors, copy_dir, copy_bytes, FLAGS.work_dir, 0, 1, True,
                                      default_zstd_level(dequantizing=True)))
+        if FLAGS.relayout:  # A MaxText source is not dequantized: the relayout encodes at the other level.
+          relayout_encode_floors.append(in_child(compression_floors, copy_dir, copy_bytes, FLAGS.work_dir, 0, 1,
+                                                 False, default_zstd_level(dequantizing=False)))
         # At the direct conversion's level: the copy is bf16, which the converter would otherwise store at the
         # level of weights read as trained, and the route would store more bytes than the conversion it is against.
         copy_command = _convert_command(copy_dir, output_dir, devices,
@@ -926,6 +969,8 @@ def main(argv: list[str]) -> None:
       variant_rows.append((devices, *(median(variant_runs, k) for k in range(4))))
     if variant_reverse_runs:
       variant_reverse_rows.append((devices, *(median(variant_reverse_runs, k) for k in range(4))))
+    if relayout_runs:
+      relayout_rows.append((devices, *(median(relayout_runs, k) for k in range(4)), relayout_predicted_peak))
   shutil.rmtree(output_dir, ignore_errors=True)
   io = statistics.median(floors)
   copy_cpu = median(copy_floors, 1)
@@ -977,6 +1022,24 @@ def main(argv: list[str]) -> None:
                         back_bytes, back_bytes, reverse_io, decode, reverse_start_up,
                         cpu=(cpu, *back_floors))
                    for devices, wall, peak, cpu, back_bytes in variant_reverse_rows]
+  if relayout_rows:
+    # Decoding the source's chunks and encoding the output's: the decompression floor plus the compression floor
+    # at the relayout's level (for a dequantized input, the copy encoded again at that level).
+    relayout_encode, relayout_encode_cpu = ((median(relayout_encode_floors, 0), median(relayout_encode_floors, 2))
+                                            if relayout_encode_floors else (encode, encode_cpu))
+    relayout_codec = None if decode is None or relayout_encode is None else relayout_encode + decode
+    relayout_codec_cpu = None if decode_cpu is None or relayout_encode_cpu is None else relayout_encode_cpu + decode_cpu
+    relayout_io = statistics.median(relayout_floors)
+    scan = f"{_scan(FLAGS.scan_layers)} -> {_scan(not FLAGS.scan_layers)}"
+    table_rows += [_row("MaxText -> MaxText (--checkpoint_path, bfloat16)", devices, wall, peak, out_bytes,
+                        output_floor_bytes, relayout_io, relayout_codec, forward_start_up,
+                        cpu=(cpu, relayout_codec_cpu, None), predicted_peak=predicted, scan=scan)
+                   for devices, wall, peak, cpu, out_bytes, predicted in relayout_rows]
+    caption += (f"; MaxText -> MaxText: I/O floor (read the checkpoint + write as many bytes as the relayout, fsync)"
+                f" median {relayout_io:.1f} s, codec floor (decompression + compression"
+                f" at level {default_zstd_level(dequantizing=False)})"
+                + (" not measured" if relayout_codec is None else
+                   f" {relayout_codec:.1f} s ({relayout_codec_cpu:.1f} CPU-s)"))
   if native_rows:
     native_floor = statistics.median(native_floors)
     table_rows += [_row(f"{FLAGS.family} -> MaxText, --keep_fp8 (native fp8 output)", devices, wall, peak, out_bytes,

@@ -13,6 +13,11 @@ of every process's /proc/self/io rchar during the restore / the bytes stored (so
 process reads of metadata). Beside it: the prediction from metadata alone at the measured mesh and at fsdp 64 and
 256 (hosts of 4 devices), and the conversion's wall time, peak RSS and stored bytes (median of --runs).
 
+Two more rows say what laying MaxText's output out again buys (docs/relayout.md): MaxText's `to_maxtext` output
+restored as it is on --target_mesh, and the same checkpoint laid out again by ours for that mesh (MaxText ->
+MaxText, `--checkpoint_path --target_mesh`, its config from the safetensors' config.json) restored there.
+`--layouts` picks rows.
+
 MaxText's row: integration_tests/maxtext_interop/maxtext_convert.py runs `to_maxtext` under --maxtext_python with
 its defaults (`--lazy_load_tensors=True --simulated_cpu_devices_count=16`, bf16, scan_layers) and, as MaxText
 config arguments, the model name and the overrides our conversion recorded for the same weights (two shims, for
@@ -51,6 +56,11 @@ flags.DEFINE_integer("runs", 3, "Conversions per layout for the wall time and pe
 flags.DEFINE_list("shapes", ["dense", "moe"], "Which synthetic checkpoints.")
 flags.DEFINE_string("work_dir", None, "Where checkpoints go (default: a temporary directory, removed).")
 flags.DEFINE_string("results_page", None, "Write the table to this Markdown page as well.")
+flags.DEFINE_list("layouts", ["default", "target_mesh", "write", "to_maxtext", "to_maxtext_target_mesh", "relayout"],
+                  "Which rows (the first, `default`, is always converted: the others are checked against it):"
+                  " default, target_mesh, write, to_maxtext, to_maxtext_target_mesh (MaxText's output restored on"
+                  " --target_mesh), relayout (MaxText's output laid out again by ours, --checkpoint_path"
+                  " --target_mesh; needs to_maxtext).")
 flags.DEFINE_float("bucket_latency_ms", 30.0, "The bucket rows' latency added to every request (negative: no"
                    " bucket rows).")
 
@@ -117,6 +127,20 @@ def _convert_maxtext(hf_dir: str, out: str, model: str, ours: str) -> dict:
     mismatches = [line for line in check.stdout.splitlines() if line.startswith("TREE MISMATCH")]
     raise RuntimeError(f"MaxText's to_maxtext output {out} is not the tree of {ours} (exit {check.returncode}):\n"
                        + "\n".join(mismatches or check.stderr.splitlines()[-15:]))
+  return {"seconds": seconds, "peak_mib": peak / 2**20}
+
+
+def _relayout(hf_dir: str, out: str, model: str, ours: str) -> dict:
+  """MaxText's own output (the `to_maxtext` row's) laid out again by ours for --target_mesh (MaxText -> MaxText:
+  --checkpoint_path; MaxText records no config, so --hf_config_path gives it), timed as a process like `_convert`."""
+  del model, ours
+  source = os.path.join(os.path.dirname(out), "to_maxtext", "0", "items")
+  seconds, peak, result = run_sampled(
+      [sys.executable, os.path.join(ROOT, "converter", "main.py"), "--direction=to_maxtext",
+       f"--checkpoint_path={source}", f"--hf_config_path={hf_dir}", f"--output_dir={out}", "--overwrite",
+       "--noprogress", f"--target_mesh={FLAGS.target_mesh}"], dict(os.environ, PYTHONPATH=ROOT))
+  if result.returncode:
+    raise RuntimeError(f"laying {source} out again failed (exit {result.returncode}):\n{result.stderr[-3000:]}")
   return {"seconds": seconds, "peak_mib": peak / 2**20}
 
 
@@ -265,7 +289,13 @@ def main(argv: list[str]) -> None:
        functools.partial(_convert, layout_flags=[f"--target_mesh={FLAGS.target_mesh}"])),
       ("write blocks (before)", "write", fsdp, functools.partial(_convert, layout_flags=["--nochunk_layout"])),
       ("MaxText `to_maxtext`", "to_maxtext", fsdp, _convert_maxtext),
+      # MaxText's output as it is, on the mesh the next row lays it out for (no conversion of its own).
+      ("MaxText `to_maxtext`, on the target mesh", "to_maxtext", FLAGS.target_mesh, None),
+      (f"MaxText `to_maxtext` laid out again by ours (--checkpoint_path --target_mesh={FLAGS.target_mesh})",
+       "relayout", FLAGS.target_mesh, _relayout),
   ]
+  keys = ("default", "target_mesh", "write", "to_maxtext", "to_maxtext_target_mesh", "relayout")
+  layouts = [layout for key, layout in zip(keys, layouts) if key == "default" or key in FLAGS.layouts]
   rows, bucket_rows = [], []
   header = (f"| shape | layout | restore mesh ({FLAGS.processes} x {FLAGS.devices_per_process}) | read / stored"
             f" (measured) | predicted | restore s | predicted at fsdp=64 / 256 | stored MB | convert s (median) |"
@@ -279,19 +309,21 @@ def main(argv: list[str]) -> None:
     ours = os.path.join(work, shape, layouts[0][1], "0", "items")
     for name, directory, mesh, convert in layouts:
       out = os.path.join(work, shape, directory)
-      runs = [convert(hf_dir, out, model, ours) for _ in range(FLAGS.runs)]
+      runs = [convert(hf_dir, out, model, ours) for _ in range(FLAGS.runs)] if convert else []
       items = os.path.join(out, "0", "items")
       read, seconds = _restore(items, model, mesh, ours)
       stored = _stored_bytes(items)
       predicted, at_64, at_256 = _predicted(items, [mesh, "fsdp=64", "fsdp=256"])
+      convert_s = f"{statistics.median(r['seconds'] for r in runs):.1f}" if runs else ""
+      peak_mib = f"{statistics.median(r['peak_mib'] for r in runs):.0f}" if runs else ""
       row = (f"| {shape} | {name} | {mesh} | {read / stored:.2f}x | {predicted}x | {seconds:.1f} | {at_64}x / {at_256}x"
-             f" | {stored / 1e6:.1f} | {statistics.median(r['seconds'] for r in runs):.1f} |"
-             f" {statistics.median(r['peak_mib'] for r in runs):.0f} |")
+             f" | {stored / 1e6:.1f} | {convert_s} | {peak_mib} |")
       rows.append(row)
       print(row, flush=True)
     if FLAGS.bucket_latency_ms >= 0:
       bucket_rows += _bucket_rows(shape, [(name, os.path.join(work, shape, directory, "0", "items"))
-                                          for name, directory, _, _ in layouts if directory != "target_mesh"], ours)
+                                          for name, directory, _, convert in layouts
+                                          if directory not in ("target_mesh", "relayout") and convert], ours)
   if FLAGS.results_page:
     with open(FLAGS.results_page, "w", encoding="utf-8") as f:
       f.write("# Restore read amplification (tools/restore_benchmark.py)\n\n"

@@ -28,12 +28,13 @@ from converter.sources.base import Region, region_bounds, squeeze_ints
 
 PARAMS = ("params", "params")  # Where a linen TrainState keeps the model's parameters.
 EMBEDDING = ("token_embedder", "embedding")
-# Chunk cache of one open stored array: the chunks a layer's slice touches, reused by the next read of the same
-# chunk. Small: a cache fills up to its limit whether or not a chunk is read again, and on our own checkpoints (a
-# layer per chunk, chunks of at most 4 MiB) no chunk is: 256 MiB x 4 arrays held 0.83 GiB beside the 0.51 GiB
-# `--dry_run` predicts, 32 MiB 0.11 GiB, none 0.0, at the same CPU-s (docs/relayout.md, "Memory and time").
-READ_CACHE_BYTES = 32 << 20
-_OPEN_ARRAYS = 4  # Open arrays kept per process, most recently read first; each holds its own chunk cache.
+# Chunk cache of one open stored array: a chunk that two consecutive region reads touch is decoded once. Small: a
+# cache fills up to its limit whether or not a chunk is read again, and on our own checkpoints (a layer per chunk,
+# chunks of at most 4 MiB) few are. Measured on a DeepSeek-V3-width checkpoint laid out unscanned -> scanned
+# (docs/relayout.md): 256 MiB x 4 arrays peaked at 1.79 GiB, 32 MiB x 4 at 1.01, 16 MiB x 2 at 0.83, no cache at
+# 0.82, the same CPU-s within this shared machine's noise from 32 MiB down.
+READ_CACHE_BYTES = 16 << 20
+_OPEN_ARRAYS = 2  # Open arrays kept per process, most recently read first; each holds its own chunk cache.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,6 +108,11 @@ class MaxTextSource:
   tree: ModelTree  # Where its parameters are in the stored tree.
   quant_method: str | None = None  # Leaves are stored as floats; the original's format is in `record`.
   lora: dict[str, Any] | None = None  # A MaxText LoRA checkpoint merged in (lora_export.Merge.record).
+
+  @property
+  def read_cache_bytes(self) -> int:
+    """The most the reads' chunk caches hold at once in each process (what `--dry_run` adds for them)."""
+    return _OPEN_ARRAYS * READ_CACHE_BYTES
 
 
 
