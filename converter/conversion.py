@@ -13,13 +13,14 @@ from typing import Any
 
 from absl import logging
 
-from converter import families, lazy_leaves, sources, storage
+from converter import families, sources, storage
+from converter.planning import lazy_leaves
 from converter.errors import ConversionError
 from converter.families import ResolvedModel
 from converter.model_config import load_model_config
 from converter.options import PlanOptions, RunContext, SaveOptions
 from converter.output.record import ConversionRecord
-from converter.plan import Plan, alias_renamer, build_plan
+from converter.planning.plan import Plan, alias_renamer, build_plan
 from converter.sources import lora
 from handlers.early_reads import EarlyReads
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import collections
 import math
 
-from converter import chunking, loaders
-from converter.lazy_leaves import write_blocks
-from converter.plan import Plan
+from converter.layout import chunking
+from converter.planning import loaders
+from converter.planning.lazy_leaves import write_blocks
+from converter.planning.plan import Plan
 from converter.sources.maxtext import MaxTextSource
 from handlers.blocks import inner_chunk_shape, write_shape
 

@@ -11,7 +11,8 @@ import tempfile
 import numpy as np
 from absl.testing import absltest, parameterized
 
-from converter import dry_run, families, lazy_leaves, plan
+from converter import dry_run, families
+from converter.planning import lazy_leaves, plan
 from converter.model_config import load_model_config
 from converter.options import PlanOptions
 from converter.sources import open_source

@@ -29,9 +29,9 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 from absl import app, flags, logging
 
 from converter import malloc
-from converter.chunking import ChunkRule, parse_mesh
+from converter.layout.chunking import ChunkRule, parse_mesh
 from converter.options import PlanOptions, ReverseOptions, RunContext, SaveOptions
-from converter.plan import Plan
+from converter.planning.plan import Plan
 # pylint: enable=g-import-not-at-top,g-bad-import-order
 
 if TYPE_CHECKING:
@@ -228,7 +228,7 @@ def _run_to_huggingface() -> None:
 
 
 def _export_lora_adapter(options: ReverseOptions, run: RunContext, start: float) -> None:
-  from converter import lora_export  # pylint: disable=g-import-not-at-top
+  from converter.lora import lora_export  # pylint: disable=g-import-not-at-top
 
   export = lora_export.export_lora_adapter(_resolve(FLAGS.checkpoint_path), _resolve(FLAGS.output_dir), options, run)
   print(f"family:        {export.family}, target model {export.target_model}")
@@ -284,7 +284,7 @@ def run() -> None:
 def _plan() -> Plan:
   """What --direction=to_maxtext writes: --hf_model_path converted, or --checkpoint_path laid out again."""
   if FLAGS.checkpoint_path:
-    from converter import relayout  # pylint: disable=g-import-not-at-top
+    from converter.planning import relayout  # pylint: disable=g-import-not-at-top
 
     return relayout.plan_relayout(
         _resolve(FLAGS.checkpoint_path), _plan_options(), family=FLAGS.family,
@@ -360,7 +360,7 @@ def _run_to_maxtext(plan: Plan, start: float, early_reads: EarlyReads | None = N
 
 def _write_lora_checkpoint() -> None:
   """--lora_adapter_only: the PEFT adapter as a MaxText LoRA checkpoint."""
-  from converter import lora_checkpoint  # pylint: disable=g-import-not-at-top
+  from converter.lora import lora_checkpoint  # pylint: disable=g-import-not-at-top
   from converter.model_config import load_model_config  # pylint: disable=g-import-not-at-top
   from converter.sources import lora  # pylint: disable=g-import-not-at-top
 
@@ -427,7 +427,7 @@ def _dry_run() -> None:
   shares = None
   if FLAGS.num_processes > 1:
     import jax  # pylint: disable=g-import-not-at-top
-    from converter.lazy_leaves import lazy_tree  # pylint: disable=g-import-not-at-top
+    from converter.planning.lazy_leaves import lazy_tree  # pylint: disable=g-import-not-at-top
     from handlers import LazyTensor, Processes  # pylint: disable=g-import-not-at-top
     from handlers.streaming import share_bytes  # pylint: disable=g-import-not-at-top
 

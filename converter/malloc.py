@@ -11,7 +11,7 @@ M_MMAP_THRESHOLD = -3
 M_ARENA_MAX = -8
 
 # The largest value glibc accepts on 64-bit systems; the write blocks (handlers/blocks.py) and row slabs
-# (converter/plan.py) are 16 MiB, so every one of them comes from the heap.
+# (converter/planning/plan.py) are 16 MiB, so every one of them comes from the heap.
 MMAP_THRESHOLD_BYTES = 32 << 20
 TRIM_THRESHOLD_BYTES = 1 << 30
 

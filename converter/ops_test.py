@@ -12,7 +12,7 @@ import numpy as np
 from absl.testing import absltest
 
 from converter import ops
-from tools.ulps import spacing, ulps
+from tools.testing.ulps import spacing, ulps
 
 
 class OpsTest(absltest.TestCase):

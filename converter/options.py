@@ -10,7 +10,7 @@ import dataclasses
 import threading
 from typing import TYPE_CHECKING
 
-from converter.chunking import ChunkRule
+from converter.layout.chunking import ChunkRule
 from handlers.shares import Processes
 from handlers.write_options import DEFAULT_MAX_INFLIGHT_BYTES
 
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 @dataclasses.dataclass(frozen=True)
 class PlanOptions:
-  """What the checkpoint becomes: read by the plan (converter/plan.py) and the family resolution."""
+  """What the checkpoint becomes: read by the plan (converter/planning/plan.py) and the family resolution."""
 
   scan_layers: bool = True
   save_dtype: str = "bfloat16"

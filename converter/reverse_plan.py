@@ -26,14 +26,14 @@ from converter.errors import ConversionError
 from converter.families import Family, LayerGroup, Param
 from converter.model_config import ModelConfig, parse_model_config
 from converter.ops import IntegerIds, Op, Slot, inverse_ops, is_exact, output_shape
-from converter.loaders import ROW_BLOCK_BYTES, row_slabs, slab_ops
+from converter.planning.loaders import ROW_BLOCK_BYTES, row_slabs, slab_ops
 from converter.safetensors_output import TensorSpec
 from converter.serving_files import Original
 from converter.sources import SAFETENSORS_DTYPES
 from converter.sources.maxtext import model_tree
 
 if TYPE_CHECKING:  # Imported where used: planning needs only the reader's metadata.
-  from converter.checkpoint_reader import CheckpointReader, StoredArray
+  from converter.sources.checkpoint_reader import CheckpointReader, StoredArray
 
 PARAMS = ("params", "params")  # Where a TrainState-shaped tree keeps the model parameters.
 # Where Tunix's CheckpointManager (tunix/sft/checkpoint_manager.py; MaxText's train_sft and train_rl use it) saves
@@ -249,7 +249,7 @@ def plan_to_huggingface(
   if family and record.family and record.family != family:
     warnings.append(f"--family={family} overrides the checkpoint's recorded family {record.family!r}")
   if reader is None:
-    from converter.checkpoint_reader import CheckpointReader  # pylint: disable=g-import-not-at-top
+    from converter.sources.checkpoint_reader import CheckpointReader  # pylint: disable=g-import-not-at-top
 
     reader = CheckpointReader(items_path, dequantize_fp8=True)
   tree = model_tree(reader.arrays, items_path)

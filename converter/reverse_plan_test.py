@@ -14,13 +14,14 @@ from unittest import mock
 import numpy as np
 from absl.testing import absltest, parameterized
 
-from converter import families, plan, reverse_plan
-from converter.checkpoint_reader import StoredArray
+from converter import families, reverse_plan
+from converter.planning import plan
+from converter.sources.checkpoint_reader import StoredArray
 from converter.errors import ConversionError
 from converter.model_config import load_model_config
 from converter.options import PlanOptions
 from converter.sources import open_source
-from tools import tiny_models
+from tools.testing import tiny_models
 from tools.checkpoint_io import read_safetensors_dir
 from tools.make_tiny_checkpoint import TINY_QWEN3_CONFIG, write_tiny_qwen3
 

@@ -1,7 +1,7 @@
 """MaxText -> HuggingFace: a converted (or MaxText-trained) Orbax checkpoint back to HF safetensors.
 
 The plan (converter/reverse_plan.py) says which slice of which stored leaf becomes which HF tensor; here each
-tensor is read slice by slice (converter/checkpoint_reader.py), transformed, joined where the forward direction
+tensor is read slice by slice (converter/sources/checkpoint_reader.py), transformed, joined where the forward direction
 split a fused tensor, and streamed into the current shard file, expert by expert for tensors holding every expert.
 Pieces are read by worker threads (several in flight) while earlier ones are written, up to a byte budget
 (`read_ahead_bytes`, the converter's --max_inflight_bytes). Memory: that budget (pieces: one expert of a tensor
@@ -41,7 +41,7 @@ from converter.safetensors_output import (INDEX_FILE, SafetensorsStreamWriter, a
                                           shard_names)
 
 if TYPE_CHECKING:
-  from converter.checkpoint_reader import CheckpointReader, OpenArray
+  from converter.sources.checkpoint_reader import CheckpointReader, OpenArray
 
 
 
@@ -77,7 +77,7 @@ def written_config(plan: ReversePlan) -> dict[str, Any]:
   The dtype is written as `dtype` (what transformers 5 writes and reads, and vLLM through it), and as `torch_dtype`
   too where the original carries that key (hub configs written by transformers 4, which reads only it); a
   transformers 5 original gets no `torch_dtype` it did not have. The rules vLLM's config loading puts on the result
-  are tools/serving_config.py's."""
+  are tools/testing/serving_config.py's."""
   config = plan.family.config_back({k: v for k, v in plan.hf_config.items() if k not in QUANTIZATION_KEYS})
   config["dtype"] = plan.dtype.name
   if "torch_dtype" in config:
@@ -273,7 +273,7 @@ def convert_to_huggingface(checkpoint_path: str, output_dir: str, options: Rever
   """
   limit = parse_size(options.max_shard_size)
   output_dir = storage.resolve(output_dir)
-  from converter.checkpoint_reader import CheckpointReader  # pylint: disable=g-import-not-at-top
+  from converter.sources.checkpoint_reader import CheckpointReader  # pylint: disable=g-import-not-at-top
 
   items_path = items_path_of(checkpoint_path)
   reader = CheckpointReader(items_path, dequantize_fp8=True)
@@ -284,7 +284,7 @@ def convert_to_huggingface(checkpoint_path: str, output_dir: str, options: Rever
   check_constants(plan, reader, options.read_cache_bytes)
   merge = None
   if options.lora_checkpoint_path:
-    from converter import lora_export  # pylint: disable=g-import-not-at-top
+    from converter.lora import lora_export  # pylint: disable=g-import-not-at-top
 
     merge = lora_export.plan_merge(options.lora_checkpoint_path, options, plan.family.name, plan.target_model,
                                    (plan.hf_config, plan.config.path))

@@ -12,7 +12,7 @@ import numpy as np
 from absl.testing import absltest
 
 from converter import to_huggingface
-from converter.checkpoint_reader import CheckpointReader, StoredArray
+from converter.sources.checkpoint_reader import CheckpointReader, StoredArray
 from converter.errors import ConversionError
 from converter.reverse_plan import HfPart, HfTensor
 

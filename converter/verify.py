@@ -13,10 +13,10 @@ from typing import Callable
 
 import numpy as np
 
-from converter.checkpoint_reader import CheckpointReader
+from converter.sources.checkpoint_reader import CheckpointReader
 from converter.errors import ConversionError
-from converter.lazy_leaves import write_blocks
-from converter.plan import Plan
+from converter.planning.lazy_leaves import write_blocks
+from converter.planning.plan import Plan
 from handlers import DEFAULT_MAX_INFLIGHT_BYTES, Processes, shares
 
 _READ_CACHE_BYTES = 256 << 20

@@ -13,7 +13,8 @@ import numpy as np  # pylint: disable=g-import-not-at-top,g-bad-import-order
 import orbax.checkpoint as ocp
 from absl.testing import absltest
 
-from converter import families, plan  # pylint: disable=g-import-not-at-top
+from converter import families  # pylint: disable=g-import-not-at-top
+from converter.planning import plan
 from converter.model_config import load_model_config
 from converter.options import PlanOptions
 from converter.sources import open_source

@@ -40,7 +40,7 @@ class WriteOptions:
   # path (Orbax's own ArrayOptions.Saving.use_compression; every reader, MaxText's included, reads both).
   compression: bool = True
   # zstd's level for compressed chunks (Orbax writes zarr3 at 3, zarr2 at 1); every level reads back the same way.
-  # The converter chooses it per plan (converter/plan.py `default_zstd_level`).
+  # The converter chooses it per plan (converter/planning/plan.py `default_zstd_level`).
   zstd_level: int = 1
   # A checksum on every stored chunk (zstd's content checksum, or a crc32c codec when uncompressed), which
   # tensorstore checks on every read (Orbax v0 and v1, MaxText's loader): a damaged byte fails the restore instead

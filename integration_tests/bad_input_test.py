@@ -19,7 +19,7 @@ harness.start_jax()
 import numpy as np  # pylint: disable=g-import-not-at-top,g-bad-import-order
 from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
 
-from tools import tiny_models  # pylint: disable=g-import-not-at-top
+from tools.testing import tiny_models  # pylint: disable=g-import-not-at-top
 from tools.safetensors_writer import write_safetensors  # pylint: disable=g-import-not-at-top
 
 SAFETENSORS = "model.safetensors"

@@ -1,7 +1,7 @@
 """A host restoring its share of a checkpoint from a bucket fetches that share once, not its neighbours' too.
 
 Orbax reads buckets with tensorstore's read coalescing on (reads of one object issued within 1 ms and at most 1 MB
-apart become one request, the gap included; converter/orbax_format.py's read spec mirrors it). A layout whose
+apart become one request, the gap included; converter/sources/orbax_format.py's read spec mirrors it). A layout whose
 stored blocks interleave the hosts' parts in pieces under 1 MB makes every host fetch its neighbours' bytes too
 (2.3x on a 0.84 GB Llama at fsdp=16 with the 16 simulated devices' blocks, docs/loading-on-a-pod.md). Here one
 host's share (the first quarter of every leaf's `fsdp` axis: hosts of 4 devices on fsdp=16) of a 45 MB Llama's
@@ -15,8 +15,8 @@ import os
 
 from absl.testing import absltest
 
-from converter import chunking
-from converter.checkpoint_reader import CheckpointReader
+from converter.layout import chunking
+from converter.sources.checkpoint_reader import CheckpointReader
 from converter.output.record import ConversionRecord
 from integration_tests import harness
 from tools import gcs_emulator, synthetic_checkpoint

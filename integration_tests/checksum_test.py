@@ -21,7 +21,7 @@ from integration_tests import harness
 
 harness.start_jax()
 
-from converter import layout_inspection  # pylint: disable=g-import-not-at-top,g-bad-import-order
+from converter.layout import layout_inspection  # pylint: disable=g-import-not-at-top,g-bad-import-order
 from tools import bit_flips, checkpoint_io  # pylint: disable=g-import-not-at-top
 
 MODEL = os.path.join(harness.REPO_ROOT, "testdata", "tiny-qwen3")

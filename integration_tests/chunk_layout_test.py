@@ -1,4 +1,4 @@
-"""Stored chunks laid out for the restoring mesh (converter/chunking.py): the grids the rule asks for are what is
+"""Stored chunks laid out for the restoring mesh (converter/layout/chunking.py): the grids the rule asks for are what is
 stored, restores through Orbax v0 and v1 read the same values (and logits) as before, the reverse direction gives
 the checkpoint back bit for bit, and the predicted read amplification is 1x where the layout promises it.
 
@@ -16,10 +16,12 @@ from integration_tests import harness
 
 harness.start_jax()
 
-from converter import chunking, conversion, layout_inspection, to_huggingface  # pylint: disable=g-import-not-at-top
+from converter import conversion, to_huggingface  # pylint: disable=g-import-not-at-top
+from converter.layout import chunking, layout_inspection
 from converter.options import PlanOptions, ReverseOptions, SaveOptions  # pylint: disable=g-import-not-at-top
 from converter.output.record import ConversionRecord  # pylint: disable=g-import-not-at-top
-from tools import checkpoint_io, tiny_models, validate_lib  # pylint: disable=g-import-not-at-top
+from tools import checkpoint_io, validate_lib  # pylint: disable=g-import-not-at-top
+from tools.testing import tiny_models
 
 MESH = "fsdp=4,tensor=2,expert=2"
 

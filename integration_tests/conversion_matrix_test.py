@@ -17,7 +17,8 @@ harness.start_jax()
 
 import numpy as np  # pylint: disable=g-import-not-at-top,g-bad-import-order
 
-from tools import checkpoint_io, tiny_models, validate_lib  # pylint: disable=g-import-not-at-top
+from tools import checkpoint_io, validate_lib  # pylint: disable=g-import-not-at-top
+from tools.testing import tiny_models
 
 CELLS = [
     dict(testcase_name=f"devices{d}_{'scan' if s else 'noscan'}_{'lazy' if l else 'eager'}", devices=d, scan=s, lazy=l)

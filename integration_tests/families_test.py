@@ -18,7 +18,8 @@ harness.start_jax()
 import numpy as np  # pylint: disable=g-import-not-at-top,g-bad-import-order
 
 from converter.output.record import ConversionRecord  # pylint: disable=g-import-not-at-top
-from tools import checkpoint_io, tiny_models, validate_lib  # pylint: disable=g-import-not-at-top
+from tools import checkpoint_io, validate_lib  # pylint: disable=g-import-not-at-top
+from tools.testing import tiny_models
 
 THRESHOLDS = validate_lib.Thresholds()  # The float32 bar (its defaults).
 # Every tiny model but the Qwen3-30B-A3B structure (qwen3_moe again, with a test of its own in roundtrip_test).

@@ -13,7 +13,7 @@ from typing import Any, Callable, Sequence
 from absl.testing import absltest
 
 import converter
-from tools.reused_process import ReusedProcess
+from tools.testing.reused_process import ReusedProcess
 
 CONVERTER_MAIN = os.path.join(os.path.dirname(converter.__file__), "main.py")
 REPO_ROOT = os.path.dirname(os.path.dirname(converter.__file__))

@@ -24,7 +24,8 @@ import numpy as np  # pylint: disable=g-import-not-at-top,g-bad-import-order
 from safetensors.numpy import load_file, save_file  # pylint: disable=g-import-not-at-top
 
 from converter.output.record import ConversionRecord  # pylint: disable=g-import-not-at-top
-from tools import lora_adapters, tiny_models, validate_lib  # pylint: disable=g-import-not-at-top
+from tools import lora_adapters, validate_lib  # pylint: disable=g-import-not-at-top
+from tools.testing import tiny_models
 
 THRESHOLDS = validate_lib.Thresholds()  # The float32 bar (its defaults).
 ADAPTER_WEIGHTS = "adapter_model.safetensors"

@@ -2,14 +2,14 @@
 
 A tiny DeepSeek V3 gets FP8 block scales of 48x40 values (non-square, with partial last blocks on both axes of
 most weights: 192 / 40, 64 / 40, 256 / 48 ...), a tiny GPT-OSS gets MXFP4 experts, a tiny Qwen3.5 FP8 blocks of
-32x32 with BF16 scales (tools/tiny_models.py `qwen3_5_fp8`). Each conversion must equal, bit for bit, the
+32x32 with BF16 scales (tools/testing/tiny_models.py `qwen3_5_fp8`). Each conversion must equal, bit for bit, the
 conversion of the same weights dequantized by an independent numpy reference (tools/quantize.py) and saved as
 plain float32; its logits must match transformers run on those dequantized weights; Kimi K2-Thinking and K2.5
-ship their routed experts INT4 in compressed-tensors' format (written by compressed-tensors itself); `--dry_run` names the storage
-formats; the reverse direction gives back the dequantized weights; and a quantized checkpoint the converter cannot
-read is refused with the tensor and the reason. `--keep_fp8` (MaxText's native fp8 model) must give FP8 kernels
-whose MaxText dequantization is the dequantized conversion, bit for bit, and refuse what MaxText's fp8 tree cannot
-hold.
+ship their routed experts INT4 in compressed-tensors' format (written by compressed-tensors itself); `--dry_run`
+names the storage formats; the reverse direction gives back the dequantized weights; and a quantized checkpoint the
+converter cannot read is refused with the tensor and the reason. `--keep_fp8` (MaxText's native fp8 model) must give
+FP8 kernels whose MaxText dequantization is the dequantized conversion, bit for bit, and refuse what MaxText's fp8
+tree cannot hold.
 """
 
 from __future__ import annotations
@@ -29,12 +29,13 @@ import numpy as np  # pylint: disable=g-import-not-at-top,g-bad-import-order
 from safetensors import safe_open  # pylint: disable=g-import-not-at-top
 from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
 
-from converter import layout_inspection  # pylint: disable=g-import-not-at-top
-from converter.checkpoint_reader import CheckpointReader  # pylint: disable=g-import-not-at-top
+from converter.layout import layout_inspection  # pylint: disable=g-import-not-at-top
+from converter.sources.checkpoint_reader import CheckpointReader  # pylint: disable=g-import-not-at-top
 from converter.output.record import ConversionRecord  # pylint: disable=g-import-not-at-top
-from tools import checkpoint_io, quantize, tiny_models, validate_lib  # pylint: disable=g-import-not-at-top
+from tools import checkpoint_io, quantize, validate_lib  # pylint: disable=g-import-not-at-top
+from tools.testing import tiny_models
 from tools import synthetic_checkpoint  # pylint: disable=g-import-not-at-top
-from tools import serving_config  # pylint: disable=g-import-not-at-top
+from tools.testing import serving_config  # pylint: disable=g-import-not-at-top
 from tools.safetensors_writer import write_safetensors  # pylint: disable=g-import-not-at-top
 
 FP8_BLOCK = (48, 40)
@@ -66,7 +67,7 @@ def quantized_model(fmt: str) -> tuple[str, str, np.ndarray]:
 
 
 def _serving_problems(original_dir: str, back_dir: str) -> list[str]:
-  """What vLLM's config loading would reject or misread in the way back's config.json (tools/serving_config.py),
+  """What vLLM's config loading would reject or misread in the way back's config.json (tools/testing/serving_config.py),
   against the quantized original's: its quantization_config must be gone, the rest read as the original's, and
   its dtype the one vLLM reads from the written tensors (some rows keep float32 tensors beside bfloat16 ones)."""
   configs = []
@@ -299,8 +300,8 @@ class QuantizedBadInputTest(absltest.TestCase):
 
 
 class Deepseek4QuantizedTest(parameterized.TestCase):
-  """DeepSeek V4 as the hub ships it (tools/tiny_models.py `deepseek4_fp8`: FP8 with F8_E8M0 `.scale` grids in 48x40
-  blocks, routed experts packed FP4, mixers, sinks, `ape` and the routing bias in F32); its logits at devices
+  """DeepSeek V4 as the hub ships it (tools/testing/tiny_models.py `deepseek4_fp8`: FP8 with F8_E8M0 `.scale` grids
+  in 48x40 blocks, routed experts packed FP4, mixers, sinks, `ape` and the routing bias in F32); its logits at devices
   {1, 16} x scan {on, off} are in families_test, through MaxText in the interop step."""
 
   @parameterized.parameters("float32", "bfloat16")
@@ -384,10 +385,10 @@ class Deepseek4QuantizedTest(parameterized.TestCase):
 
 
 class KimiInt4Test(parameterized.TestCase):
-  """Kimi K2-Thinking and K2.5 / K2.6 as they ship (tools/tiny_models.py `kimi_k2`, `kimi_k25`: routed experts INT4
-  in compressed-tensors' pack-quantized format, written by compressed-tensors itself, groups of 16 with BF16 scales
-  spread over 2^-2..2^3; K2.5's text model under `language_model.` beside a vision tower); their logits at devices
-  {1, 16} x scan {on, off} are in families_test, through MaxText in the interop step."""
+  """Kimi K2-Thinking and K2.5 / K2.6 as they ship (tools/testing/tiny_models.py `kimi_k2`, `kimi_k25`: routed
+  experts INT4 in compressed-tensors' pack-quantized format, written by compressed-tensors itself, groups of 16 with
+  BF16 scales spread over 2^-2..2^3; K2.5's text model under `language_model.` beside a vision tower); their logits
+  at devices {1, 16} x scan {on, off} are in families_test, through MaxText in the interop step."""
 
   @parameterized.parameters(("kimi_k2", "bfloat16"), ("kimi_k25", "float32"))
   def test_leaves_equal_compressed_tensors_unpacking_times_the_scales(self, model, save_dtype):

@@ -18,9 +18,10 @@ harness.start_jax()
 
 import numpy as np  # pylint: disable=g-import-not-at-top,g-bad-import-order
 
-from converter import layout_inspection  # pylint: disable=g-import-not-at-top
+from converter.layout import layout_inspection  # pylint: disable=g-import-not-at-top
 from converter.output.record import ConversionRecord  # pylint: disable=g-import-not-at-top
-from tools import checkpoint_io, tiny_models  # pylint: disable=g-import-not-at-top
+from tools import checkpoint_io  # pylint: disable=g-import-not-at-top
+from tools.testing import tiny_models
 
 MESH = "--target_mesh=fsdp=4,tensor=2"
 

@@ -42,10 +42,11 @@ harness.start_jax()
 import numpy as np  # pylint: disable=g-import-not-at-top,g-bad-import-order
 
 from converter import ops, reverse_plan, serving_files, to_huggingface  # pylint: disable=g-import-not-at-top
-from converter.checkpoint_reader import CheckpointReader  # pylint: disable=g-import-not-at-top
+from converter.sources.checkpoint_reader import CheckpointReader  # pylint: disable=g-import-not-at-top
 from converter.options import ReverseOptions  # pylint: disable=g-import-not-at-top
-from tools import serving_config, tiny_models, validate_lib  # pylint: disable=g-import-not-at-top
-from tools.ulps import spacing, ulps  # pylint: disable=g-import-not-at-top
+from tools import validate_lib  # pylint: disable=g-import-not-at-top
+from tools.testing import serving_config, tiny_models
+from tools.testing.ulps import spacing, ulps  # pylint: disable=g-import-not-at-top
 
 FULL_GRID_MODELS = ("qwen3", "qwen3_moe", "llama3.1")
 QWEN3_30B_A3B = "qwen3_30b_a3b_tiny"  # Has its own test below, by name.
@@ -172,7 +173,7 @@ class RoundTripTest(parameterized.TestCase):
 
   def assert_config(self, original_dir: str, back_dir: str, dtype: str) -> None:
     """config.json is the original's with its dtype set (`torch_dtype` too where the original has one), and what
-    vLLM's config loading reads from it is the original's (tools/serving_config.py)."""
+    vLLM's config loading reads from it is the original's (tools/testing/serving_config.py)."""
     with open(os.path.join(original_dir, "config.json")) as f:
       original = json.load(f)
     with open(os.path.join(back_dir, "config.json")) as f:
@@ -280,7 +281,7 @@ class RoundTripTest(parameterized.TestCase):
   def test_reads_one_slice_at_a_time(self):
     from unittest import mock  # pylint: disable=g-import-not-at-top
 
-    from converter import checkpoint_reader  # pylint: disable=g-import-not-at-top
+    from converter.sources import checkpoint_reader  # pylint: disable=g-import-not-at-top
 
     model_dir, _ = tiny_model("qwen3_moe")
     items = to_maxtext(model_dir, "--save_dtype=float32", "--simulated_cpu_devices_count=16")
@@ -308,7 +309,7 @@ class RoundTripTest(parameterized.TestCase):
   def test_large_tensors_come_back_a_slab_of_rows_at_a_time(self, model, *flags):
     from unittest import mock  # pylint: disable=g-import-not-at-top
 
-    from converter import checkpoint_reader  # pylint: disable=g-import-not-at-top
+    from converter.sources import checkpoint_reader  # pylint: disable=g-import-not-at-top
 
     model_dir, _ = tiny_model(model)
     items = to_maxtext(model_dir, "--save_dtype=float32", *flags)
@@ -403,7 +404,7 @@ class RoundTripTest(parameterized.TestCase):
     self.assertIn("--overwrite", result.stderr)
     self.assertEqual(os.listdir(out), ["keep.txt"])
     # One process never loads JAX or Orbax (about 0.9 CPU-s of start-up): the checkpoint is read through
-    # TensorStore with Orbax's read spec (converter/orbax_format.py). The import log shows every module loaded.
+    # TensorStore with Orbax's read spec (converter/sources/orbax_format.py). The import log shows every module loaded.
     result = subprocess.run(
         harness.converter_command("--direction=to_huggingface", f"--checkpoint_path={items}", f"--output_dir={out}",
                                   "--overwrite"),

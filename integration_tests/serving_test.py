@@ -26,7 +26,7 @@ from integration_tests import harness
 
 harness.start_jax()
 
-from tools import tiny_models  # pylint: disable=g-import-not-at-top,g-bad-import-order
+from tools.testing import tiny_models  # pylint: disable=g-import-not-at-top,g-bad-import-order
 
 WORDS = ("the", "model", "serves", "tokens", "from", "its", "own", "directory", "hello", "world", "again", "and")
 SERVING = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")

@@ -28,11 +28,12 @@ from converter.options import PlanOptions, SaveOptions  # pylint: disable=g-impo
 from converter.output import orbax_writer  # pylint: disable=g-import-not-at-top
 from converter.output.destinations import destination_for  # pylint: disable=g-import-not-at-top
 from converter.model_config import load_model_config
-from converter.plan import build_plan
+from converter.planning.plan import build_plan
 from converter.sources import open_source
 from converter.sources.safetensors import TensorInfo
 from integration_tests import harness
-from tools import checkpoint_io, quantize, tiny_models
+from tools import checkpoint_io, quantize
+from tools.testing import tiny_models
 
 
 class LiveBytes:

@@ -23,10 +23,11 @@ from converter.output import orbax_writer  # pylint: disable=g-import-not-at-top
 from converter.output.destinations import destination_for  # pylint: disable=g-import-not-at-top
 from converter.families import Layout
 from converter.model_config import load_model_config
-from converter.plan import build_plan
+from converter.planning.plan import build_plan
 from converter.sources import open_source
 from converter.verify import verify_checkpoint
-from tools import tiny_models, validate_lib
+from tools import validate_lib
+from tools.testing import tiny_models
 
 
 def _swap_hf_names(layout: Layout, a: str, b: str) -> Layout:

@@ -55,8 +55,9 @@ import numpy as np
 import psutil
 from absl import app, flags
 
-from converter import chunking, write_behind
-from converter.plan import default_zstd_level
+from converter import write_behind
+from converter.layout import chunking
+from converter.planning.plan import default_zstd_level
 from converter.sources import quant_method
 from tools import synthetic_checkpoint
 from tools.ports import free_port

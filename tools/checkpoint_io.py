@@ -12,7 +12,8 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from converter import chunking, storage
+from converter import storage
+from converter.layout import chunking
 from converter.output.record import ConversionRecord, leaf_name
 
 

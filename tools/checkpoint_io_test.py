@@ -18,7 +18,7 @@ from absl.testing import parameterized  # pylint: disable=g-import-not-at-top,g-
 import numpy as np  # pylint: disable=g-import-not-at-top,g-bad-import-order
 
 import converter  # pylint: disable=g-import-not-at-top
-from converter import chunking  # pylint: disable=g-import-not-at-top
+from converter.layout import chunking  # pylint: disable=g-import-not-at-top
 from tools import checkpoint_io, validate_lib  # pylint: disable=g-import-not-at-top
 
 P = jax.sharding.PartitionSpec

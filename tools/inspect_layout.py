@@ -7,7 +7,7 @@ read under Orbax's restore (each host decodes every stored chunk its device shar
 stored: "dedup" when a host reads each such chunk once, "worst" when once per distinct shard index; and the
 busiest host's requests to a bucket and read calls on a local disk, beside a checkpoint pre-sharded for that mesh
 (converter/chunking.restore_lines). Leaves'
-logical axes come from the conversion record, or for a checkpoint MaxText wrote, from converter/logical_axes.py.
+logical axes come from the conversion record, or for a checkpoint MaxText wrote, from converter/layout/logical_axes.py.
 It also says whether every stored chunk carries a checksum.
 """
 
@@ -27,7 +27,7 @@ flags.mark_flags_as_required(["checkpoint"])
 
 def main(argv: list[str]) -> None:
   del argv
-  from converter import chunking, layout_inspection  # pylint: disable=g-import-not-at-top
+  from converter.layout import chunking, layout_inspection  # pylint: disable=g-import-not-at-top
 
   items = os.path.abspath(os.path.join(os.environ.get("BUILD_WORKING_DIRECTORY", os.getcwd()), FLAGS.checkpoint))
   leaves, record = layout_inspection.stored_leaves(items)

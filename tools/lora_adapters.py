@@ -86,7 +86,7 @@ def write_maxtext_lora_checkpoint(adapter_dir: str, output_dir: str, *, num_laye
   OUTPUT_DIR/0/items.
 
   Written from the layout measured on MaxText 0.2.5 itself (qwix LoraProvider applied to the tiny Qwen3 by
-  `lora_utils.apply_lora_to_model`; docs/lora.md), independently of converter/lora_export.py: beside each kernel,
+  `lora_utils.apply_lora_to_model`; docs/lora.md), independently of converter/lora/lora_export.py: beside each kernel,
   `kernel_lora_a` = A.T (in, r) and `kernel_lora_b` = B.T (r, out), the output side in the kernel's order (Llama
   3.1's q/k heads RoPE-interleaved, the query scaled, as MaxText's to_maxtext adapter mode writes them), scanned
   leaves stacked at axis 1; under params/params (`nnx_layout`: as NNX state, `decoder/layers/0/.../value`), with

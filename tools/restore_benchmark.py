@@ -23,7 +23,7 @@ its defaults (`--lazy_load_tensors=True --simulated_cpu_devices_count=16`, bf16,
 config arguments, the model name and the overrides our conversion recorded for the same weights (two shims, for
 local weights without torch: see that file). Its convert s and peak RSS are that process's, imports included, as
 ours are; after each conversion its stored tree (leaf paths, shapes, dtypes) must equal our default layout's, or
-the benchmark stops. Its prediction comes from converter.layout_inspection, which takes a checkpoint without our
+the benchmark stops. Its prediction comes from converter.layout.layout_inspection, which takes a checkpoint without our
 record's logical axes (MaxText's own) from the leaf paths.
 """
 
@@ -255,20 +255,20 @@ def _bucket_rows(shape: str, layouts: list[tuple[str, str]], ours: str) -> list[
 
 
 def _leaf_count(items: str) -> int:
-  from converter import layout_inspection  # pylint: disable=g-import-not-at-top
+  from converter.layout import layout_inspection  # pylint: disable=g-import-not-at-top
 
   return len(layout_inspection.stored_leaves(items)[0])
 
 
 def _predicted_bucket_requests(items: str, meshes: list[str]) -> list[int]:
-  from converter import chunking, layout_inspection  # pylint: disable=g-import-not-at-top
+  from converter.layout import chunking, layout_inspection  # pylint: disable=g-import-not-at-top
 
   leaves = list(layout_inspection.stored_leaves(items)[0].values())
   return [chunking.predicted_bucket_requests(leaves, chunking.parse_mesh(m)) for m in meshes]
 
 
 def _predicted(items: str, meshes: list[str]) -> list[str]:
-  from converter import chunking, layout_inspection  # pylint: disable=g-import-not-at-top
+  from converter.layout import chunking, layout_inspection  # pylint: disable=g-import-not-at-top
 
   leaves = list(layout_inspection.stored_leaves(items)[0].values())
   return [f"{chunking.predicted_amplification(leaves, chunking.parse_mesh(m))[0]:.2f}" for m in meshes]

@@ -1,7 +1,7 @@
 """The vocabulary family files are written in: which HF tensor becomes which MaxText leaf, and how.
 
 A family file describes the tensors outside the layers and, per group of layers, the tensors of one layer;
-`converter/plan.py` does the rest (layer stacking for scanned checkpoints, expert stacking, dtype casts, shape
+`converter/planning/plan.py` does the rest (layer stacking for scanned checkpoints, expert stacking, dtype casts, shape
 checks) once for every family, and `converter/to_huggingface.py` inverts it.
 """
 
@@ -46,8 +46,8 @@ class Param:
   # A leaf HF has no tensor for, every element this value (`hf` empty, `hf_shape` the per-layer leaf's): MaxText
   # learns a weight HF fixes (DeepSeek V4's mHC norm scales, ones). The other direction checks it holds the value.
   constant: float | None = None
-  # MaxText's logical axes of one layer's value where converter/logical_axes.py's table, keyed by the leaf's path,
-  # would name them otherwise (DeepSeek V4's wq_a: q_lora, where V3's is q_lora_up_proj).
+  # MaxText's logical axes of one layer's value where converter/layout/logical_axes.py's table, keyed by the
+  # leaf's path, would name them otherwise (DeepSeek V4's wq_a: q_lora, where V3's is q_lora_up_proj).
   logical_axes: tuple[str | None, ...] | None = None
   # Stored in float32 by the checkpoint and computed in float32 by MaxText: kept float32 under a narrower
   # --save_dtype (DeepSeek V4's mHC mixers, sinks, position biases and gate bias: tiny, and rounding them to
@@ -193,8 +193,9 @@ class Family:
   `ignored_tensors` maps regexes of HF tensors the family reads nowhere on purpose to the reason a conversion
   states when it skips some ("" for none: rotary caches); `reads` says which configs of its architectures the
   family converts, where several families read one architecture (Gemma 4's gemma4 and gemma4_small decoders);
-  `fp8_unquantized_modules` enables `--keep_fp8` (converter/native_fp8.py); `towers(config, target)` describes a
-  multimodal checkpoint's encoders (None: the checkpoint has none, or the target has no multimodal form, which
+  `fp8_unquantized_modules` enables `--keep_fp8` (converter/planning/native_fp8.py);
+  `towers(config, target)` describes a multimodal checkpoint's encoders (None: the checkpoint has none, or the
+  target has no multimodal form, which
   `check` then says); `tensor_aliases` are (regex, replacement) renames from the other names a checkpoint may
   store its tensors under (transformers' `save_pretrained` and in-memory names) to the ones the layout uses;
   `config_back` rewrites the config.json the way back writes.

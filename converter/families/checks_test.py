@@ -10,11 +10,12 @@ import re
 
 from absl.testing import absltest, parameterized
 
-from converter import families, plan
+from converter import families
+from converter.planning import plan
 from converter.errors import ConversionError
 from converter.model_config import parse_model_config
 from converter.options import PlanOptions
-from tools import tiny_models
+from tools.testing import tiny_models
 
 
 def _resolve(model: str, target: str | None = None, **changes) -> families.ResolvedModel:

@@ -1,6 +1,6 @@
 """Every family's MaxText tree (paths, shapes, the HF tensors each leaf reads) and recorded overrides, pinned.
 
-No weights: each tiny model of tools/tiny_models.py is planned from its config.json (as transformers writes it)
+No weights: each tiny model of tools/testing/tiny_models.py is planned from its config.json (as transformers writes it)
 against a header-only source that holds exactly the tensors the layout names, scanned and unscanned, and the
 result is compared with `testdata/<model>.golden`. A layout change shows up here as a readable diff before any
 logits are computed; after an intended change, regenerate with
@@ -25,8 +25,8 @@ from absl.testing import absltest, parameterized
 from converter import families
 from converter.model_config import parse_model_config
 from converter.options import PlanOptions
-from converter.plan import build_plan
-from tools import tiny_models
+from converter.planning.plan import build_plan
+from tools.testing import tiny_models
 
 GOLDEN_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "testdata")
 

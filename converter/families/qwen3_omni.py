@@ -13,10 +13,10 @@ dict differs: `thinker.model.language_model.*`, fused experts; not read).
 MaxText hard-codes the placeholder ids by model name (image 151655 after vision start 151652, audio 151675 between
 audio start 151669 and end 151670): a checkpoint whose config names others is refused. The deepstack mergers feed
 single decoder layers, so MaxText refuses scan_layers=true with them (configs/types.py; the model yml sets false;
-converter/plan.py refuses it first): with its towers the checkpoint converts unscanned only. The yml turns the towers
-on (`use_multimodal`, `use_audio`, three deepstack indexes), so a text-only conversion turns them off, and then
-scans as Qwen3-MoE does (MRoPE with equal positions in its three sections is plain rope, as transformers computes
-for text alone).
+converter/planning/plan.py refuses it first): with its towers the checkpoint converts unscanned only. The yml
+turns the towers on (`use_multimodal`, `use_audio`, three deepstack indexes), so a text-only conversion turns them
+off, and then scans as Qwen3-MoE does (MRoPE with equal positions in its three sections is plain rope, as
+transformers computes for text alone).
 """
 
 from converter.errors import ConversionError

@@ -19,7 +19,7 @@ from converter.output import layout, lock, orbax_writer, resume
 from converter.output.destinations import destination_for
 from converter.output.primary import all_then_on_primary, on_primary_then_all
 from converter.output.record import ConversionRecord
-from converter.plan import Plan
+from converter.planning.plan import Plan
 from handlers.write_options import BlockWritten
 
 

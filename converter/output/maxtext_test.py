@@ -14,7 +14,7 @@ from converter.output import resume
 from converter.output.maxtext import MaxTextOutput
 from converter.output.record import ConversionRecord
 from tools import checkpoint_io
-from tools.failing_loader import failing
+from tools.testing.failing_loader import failing
 
 MODEL = "testdata/tiny-qwen3"
 SAVE = SaveOptions(devices=1, max_inflight_bytes=1 << 20)

@@ -15,11 +15,11 @@ from absl import logging
 from converter import processes as processes_lib
 from converter import storage
 from converter.errors import ConversionError
-from converter.lazy_leaves import lazy_tree
+from converter.planning.lazy_leaves import lazy_tree
 from converter.options import SaveOptions
 from converter.output import layout
 from converter.output.destination import Destination
-from converter.plan import Plan
+from converter.planning.plan import Plan
 from handlers import (
     ITEMS,
     BlockWritten,

@@ -9,13 +9,14 @@ import threading
 import numpy as np
 from absl.testing import absltest
 
-from converter import conversion, lazy_leaves
+from converter import conversion
+from converter.planning import lazy_leaves
 from converter.errors import ConversionError
 from converter.options import PlanOptions, SaveOptions
 from converter.output import orbax_writer
 from converter.output.destinations import destination_for
 from tools import checkpoint_io
-from tools.failing_loader import failing
+from tools.testing.failing_loader import failing
 
 
 class OrbaxWriterTest(absltest.TestCase):

@@ -47,7 +47,7 @@ class ConversionRecord:
   # Where the original model was read (converter/serving_files.py `Original.record`): the way back copies its
   # tokenizer, chat template and generation config from there.
   hf_source: dict[str, Any] | None = None
-  chunking: dict[str, Any] | None = None  # The rule the stored chunks were cut by (converter/chunking.py).
+  chunking: dict[str, Any] | None = None  # The rule the stored chunks were cut by (converter/layout/chunking.py).
   logical_axes: dict[str, list[str | None] | None] | None = None  # Every leaf's MaxText logical axes (None: none).
   # --lora_adapter_path: the adapter merged in (path, sha256 of its safetensors, r, alpha, rslora, patterns, and
   # every module with its rank, alpha, scale and the base tensor it went into); a MaxText LoRA checkpoint merged
@@ -56,9 +56,9 @@ class ConversionRecord:
 
   @classmethod
   def of_plan(cls, plan: Any, overrides: dict[str, Any]) -> ConversionRecord:
-    """The record of a conversion of `plan` (converter/plan.py) with MaxText `overrides`. A MaxText checkpoint laid
-    out again (converter/relayout.py) keeps what its own record says of the original (config, where it was read,
-    its format, a merged adapter), unless --hf_config_path named a config.json."""
+    """The record of a conversion of `plan` (converter/planning/plan.py) with MaxText `overrides`. A
+    MaxText checkpoint laid out again (converter/planning/relayout.py) keeps what its own record says of the
+    original (config, where it was read, its format, a merged adapter), unless --hf_config_path named a config.json."""
     source = plan.source
     origin = source.record if isinstance(source, MaxTextSource) else None
     if origin is not None and not storage.is_file(plan.config.path):

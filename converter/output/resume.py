@@ -33,11 +33,11 @@ from absl import logging
 from converter import storage
 from converter.arrays import Shape
 from converter.errors import ConversionError
-from converter.loader import Loader
+from converter.planning.loader import Loader
 from converter.output import layout as orbax_layout
 from converter.output.destination import Destination, Journal
 from converter.output.primary import on_primary_then_all
-from converter.plan import Plan
+from converter.planning.plan import Plan
 from converter.sources import SourceTensor
 from handlers.shares import Processes
 

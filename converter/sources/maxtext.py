@@ -1,5 +1,5 @@
 """A MaxText checkpoint as a tensor source: its parameter leaves, and each layer's slice of a stacked one, read
-region by region through TensorStore (converter/checkpoint_reader.py), without JAX or Orbax.
+region by region through TensorStore (converter/sources/checkpoint_reader.py), without JAX or Orbax.
 
 Any tree MaxText 0.2.5 writes or loads holds its parameters in one subtree: a linen TrainState under
 `params/params` (ours, MaxText's converter's, its trainer's with `opt_state` and `step` beside them, a params-only
@@ -194,7 +194,7 @@ _open_arrays: collections.OrderedDict[tuple[str, tuple[str, ...]], Any] = collec
 
 
 def _reader(items_path: str):
-  from converter.checkpoint_reader import CheckpointReader  # pylint: disable=g-import-not-at-top
+  from converter.sources.checkpoint_reader import CheckpointReader  # pylint: disable=g-import-not-at-top
 
   with _lock:
     reader = _readers.get(items_path)

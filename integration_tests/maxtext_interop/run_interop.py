@@ -43,7 +43,7 @@ import ml_dtypes  # noqa: E402
 import numpy as np  # noqa: E402
 
 from converter.output.record import ConversionRecord  # noqa: E402
-from tools.reused_process import ReusedProcess  # noqa: E402
+from tools.testing.reused_process import ReusedProcess  # noqa: E402
 
 FLAGS = flags.FLAGS
 
@@ -230,7 +230,8 @@ def handler_warnings(log_text: str) -> list[str]:
 
 
 def run_case(case: Case) -> Case:
-  from tools import tiny_models, validate_lib  # pylint: disable=g-import-not-at-top
+  from tools import validate_lib  # pylint: disable=g-import-not-at-top
+  from tools.testing import tiny_models
 
   start = time.monotonic()
   os.makedirs(case.work, exist_ok=True)
@@ -474,7 +475,7 @@ def _relaid_train_state(case: Case, trained: str, overrides: dict, logits_path: 
   """The trainer's TrainState (fsdp-sharded over its 4 devices, scanned, with its optimizer state) laid out again
   by our converter (--checkpoint_path): unscanned in float32, MaxText's logits on it equal its logits on the
   TrainState; scanned in bfloat16 for fsdp=4, every leaf the TrainState's rounded to bfloat16."""
-  from converter import checkpoint_reader  # pylint: disable=g-import-not-at-top
+  from converter.sources import checkpoint_reader  # pylint: disable=g-import-not-at-top
   from converter.sources import maxtext  # pylint: disable=g-import-not-at-top
   from tools import validate_lib  # pylint: disable=g-import-not-at-top
 
@@ -548,8 +549,8 @@ def write_results_page(path: str, cases: list[Case]) -> None:
       "# Multimodal interop results", "",
       "Written by `run_interop.py --results_page` (MaxText 0.2.5's own loader and multimodal forward on one image"
       " (+ audio) and text, float32, against transformers 5.24's float32 logits; tiny random models of"
-      " tools/tiny_models.py). \"aligned\": the same load and forward with MaxText's known arithmetic differences"
-      " switched to transformers' at trace time (docs/multimodal.md); \"as shipped\": MaxText unchanged, held to"
+      " tools/testing/tiny_models.py). \"aligned\": the same load and forward with MaxText's known arithmetic"
+      " differences switched to transformers' at trace time (docs/multimodal.md); \"as shipped\": MaxText unchanged, held to"
       " 1.25 x the floor those differences alone cause.", "",
       "| tiny model | MaxText model | scan | max\\|diff\\| (checked) | argmax | as shipped | MaxText's floor | result |",
       "|---|---|---|---|---|---|---|---|",
@@ -567,7 +568,8 @@ def main(argv: list[str]) -> int:
   del argv
   start = time.monotonic()
   import transformers  # pylint: disable=g-import-not-at-top
-  from tools import tiny_models, validate_lib  # pylint: disable=g-import-not-at-top
+  from tools import validate_lib  # pylint: disable=g-import-not-at-top
+  from tools.testing import tiny_models
   from converter.model_config import load_model_config  # pylint: disable=g-import-not-at-top
 
   # transformers' save/load progress bars would land between the result rows.

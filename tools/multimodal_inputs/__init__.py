@@ -29,7 +29,7 @@ class MultimodalCase:
 
 
 def make_case(model: str, hf_dir: str, seed: int) -> MultimodalCase:
-  from tools import tiny_models  # pylint: disable=g-import-not-at-top
+  from tools.testing import tiny_models  # pylint: disable=g-import-not-at-top
 
   kind = tiny_models.TINY_MODELS[model].inputs
   return importlib.import_module(f"{__name__}.{kind}").make_case(hf_dir, seed)

@@ -1,4 +1,4 @@
-"""The plan's loaders (converter/loader.py's interface): one source tensor through the family's ops, a stack of
+"""The plan's loaders (converter/planning/loader.py's interface): one source tensor through the family's ops, a stack of
 parts, parts joined into the slots of one value. Large tensors are read a slab of rows at a time (`row_slabs`)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import numpy as np
 
 from converter import ops as ops_lib
 from converter.arrays import Shape, assign
-from converter.loader import Loader
+from converter.planning.loader import Loader
 from converter.ops import Op
 from converter.sources import SourceTensor
 from converter.sources.lora import add_update

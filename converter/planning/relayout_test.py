@@ -16,15 +16,16 @@ from unittest import mock
 import numpy as np
 from absl.testing import absltest, parameterized
 
-from converter import families, plan, relayout
-from converter.checkpoint_reader import StoredArray
+from converter import families
+from converter.planning import plan, relayout
+from converter.sources.checkpoint_reader import StoredArray
 from converter.errors import ConversionError
-from converter.loaders import Copy, Stack
+from converter.planning.loaders import Copy, Stack
 from converter.model_config import load_model_config
 from converter.options import PlanOptions
 from converter.output.record import ConversionRecord
 from converter.sources import maxtext, open_source
-from tools import tiny_models
+from tools.testing import tiny_models
 
 FAMILIES = ("qwen3", "deepseek3", "gemma3", "llama4_16e", "gemma4_moe", "gemma3_mm")
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from converter.errors import ConversionError
-from converter.plan import Leaf, Plan
+from converter.planning.plan import Leaf, Plan
 from handlers.blocks import block_target_bytes, plan_blocks
 from handlers.early_reads import EarlyReads
 from handlers.lazy_tensor import LazyTensor, ShardedLazyTensor

@@ -15,11 +15,14 @@ import dataclasses
 
 import numpy as np
 
-from converter import families, logical_axes, lora_export, plan as plan_lib
+from converter import families
+from converter.layout import logical_axes
+from converter.lora import lora_export
+from converter.planning import plan as plan_lib
 from converter.arrays import Shape
 from converter.errors import ConversionError
 from converter.families import LayerGroup, Layout, Param
-from converter.loaders import AddLowRank, Copy
+from converter.planning.loaders import AddLowRank, Copy
 from converter.model_config import parse_model_config
 from converter.ops import output_shape
 from converter.options import PlanOptions, ReverseOptions

@@ -15,8 +15,8 @@ import orbax.checkpoint as ocp
 from absl.testing import absltest, parameterized
 from etils import epath
 
-from converter import orbax_format
-from converter.checkpoint_reader import CheckpointReader
+from converter.sources import orbax_format
+from converter.sources.checkpoint_reader import CheckpointReader
 from converter.errors import ConversionError
 
 

@@ -2,8 +2,8 @@
 
 Everything that can be checked without reading weights is checked here (every tensor present, every shape as
 `config.json` implies, nothing left over, dtypes convertible), so a bad input fails before the first byte is
-written. The plan's leaves carry picklable loaders (converter/loader.py, loaders.py); nothing is read until a
-loader is called, and then only through the source, which dequantizes whatever the checkpoint stores quantized.
+written. The plan's leaves carry picklable loaders (converter/planning/loader.py, loaders.py); nothing is read until
+a loader is called, and then only through the source, which dequantizes whatever the checkpoint stores quantized.
 """
 
 from __future__ import annotations
@@ -15,18 +15,18 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from converter import families
-from converter import loaders
-from converter import logical_axes
-from converter import native_fp8
+from converter.planning import loaders
+from converter.layout import logical_axes
+from converter.planning import native_fp8
 from converter.arrays import Shape
-from converter.chunking import ChunkRule
+from converter.layout.chunking import ChunkRule
 from converter.errors import ConversionError
 from converter.families import Family, Layout, Param, ResolvedModel
 from converter.families.runtime import Runtime
-from converter.loader import Loader
-from converter.loaders import Fill, FromTensor, JoinSlots, Stack
+from converter.planning.loader import Loader
+from converter.planning.loaders import Fill, FromTensor, JoinSlots, Stack
 from converter.model_config import ModelConfig
-from converter.native_fp8 import Fp8Output
+from converter.planning.native_fp8 import Fp8Output
 from converter.ops import IntegerIds, Op, output_shape
 from converter.options import PlanOptions
 from converter.sources import FLOATING, TensorSource
@@ -39,8 +39,8 @@ class Leaf:
   dtype: np.dtype
   sources: tuple[str, ...]
   loader: Loader
-  # MaxText's logical axis names (converter/logical_axes.py): where a restoring mesh shards it, so where its stored
-  # chunks are cut (`chunk_shape`, converter/chunking.py). None: unannotated; whole write blocks.
+  # MaxText's logical axis names (converter/layout/logical_axes.py): where a restoring mesh shards it, so where its
+  # stored chunks are cut (`chunk_shape`, converter/layout/chunking.py). None: unannotated; whole write blocks.
   logical_axes: tuple[str | None, ...] | None = None
   chunk_shape: Shape | None = None
   chunk_order: tuple[int, ...] | None = None  # Stored outermost axis first (`ChunkRule.chunk_order`); None: C.

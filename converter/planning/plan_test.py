@@ -8,13 +8,14 @@ from unittest import mock
 import numpy as np
 from absl.testing import absltest, parameterized
 
-from converter import families, loaders, ops, plan
+from converter import families, ops
+from converter.planning import loaders, plan
 from converter.errors import ConversionError
 from converter.model_config import load_model_config
 from converter.options import PlanOptions
 from converter.sources import open_source
 from handlers import LazyTensor, block_indices
-from tools import tiny_models
+from tools.testing import tiny_models
 from tools.checkpoint_io import read_safetensors_dir
 from tools.make_tiny_checkpoint import TINY_QWEN3_CONFIG, tiny_qwen3_tensors
 from tools.safetensors_writer import write_safetensors

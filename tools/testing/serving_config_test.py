@@ -1,4 +1,5 @@
-"""tools/serving_config.py: each rule passes a config vLLM reads as the original and fails one that breaks it."""
+"""tools/testing/serving_config.py: each rule passes a config vLLM reads as the original and fails one that breaks
+it."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from absl.testing import absltest
 
 from converter import to_huggingface
 from converter.families import deepseek
-from tools import serving_config
+from tools.testing import serving_config
 
 # Hub-style (transformers 4) and transformers-5-style configs of the kinds the converter writes back.
 LLAMA = {

@@ -5,7 +5,8 @@ directions invert each other, and what cannot carry a LoRA adapter is refused.""
 import numpy as np
 from absl.testing import absltest, parameterized
 
-from converter import lora_export, ops
+from converter import ops
+from converter.lora import lora_export
 from converter.families import Param
 
 E, H, D, M, R = 24, 3, 8, 40, 4

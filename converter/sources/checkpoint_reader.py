@@ -3,7 +3,7 @@
 The only module of the MaxText -> HF direction that talks to TensorStore. Orbax's restore APIs
 materialise whole leaves (or whole device shards of a sharding one must build), so instead each stored array is
 opened as a TensorStore through the read spec Orbax itself uses (`NumpyHandler.deserialize` ->
-`build_array_read_spec`), rebuilt by converter/orbax_format.py without importing Orbax, and indexed. This reads
+`build_array_read_spec`), rebuilt by converter/sources/orbax_format.py without importing Orbax, and indexed. This reads
 checkpoints whose leaves were saved as np.ndarray (1 device) and as sharded jax.Array (N devices) alike: the
 on-disk array is the same zarr3 array in OCDBT either way, only its chunking differs.
 
@@ -28,7 +28,8 @@ from absl import logging
 import tensorstore as ts
 
 from converter.arrays import Shape
-from converter import orbax_format, storage
+from converter import storage
+from converter.sources import orbax_format
 from converter.errors import ConversionError
 
 Index = tuple[Any, ...]  # ints and slices, as numpy takes them.

@@ -23,7 +23,7 @@ import numpy as np
 
 from converter import families, storage
 from converter.errors import ConversionError
-from converter.lora_export import LORA_A_SUFFIX, LORA_B_SUFFIX, kernel_sides, layout_modules, qwix_factors
+from converter.lora.lora_export import LORA_A_SUFFIX, LORA_B_SUFFIX, kernel_sides, layout_modules, qwix_factors
 from converter.model_config import ModelConfig
 from converter.sources.lora import LoraAdapter
 

@@ -4,7 +4,7 @@ import math
 
 from absl.testing import absltest, parameterized
 
-from converter import chunking
+from converter.layout import chunking
 from converter.errors import ConversionError
 
 WI = ((2048, 16, 6144), ("embed", "layers", "mlp"))  # Qwen3 1.8B-like, scanned: (embed, layers, mlp).

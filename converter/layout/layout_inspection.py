@@ -1,10 +1,10 @@
-"""An existing checkpoint's stored layout, as converter/chunking.py predicts restores from: every leaf's shape,
+"""An existing checkpoint's stored layout, as converter/layout/chunking.py predicts restores from: every leaf's shape,
 stored (read) chunk and MaxText logical axes, and whether its chunks carry checksums, from metadata alone."""
 
 from __future__ import annotations
 
-from converter import chunking, logical_axes
-from converter.checkpoint_reader import CheckpointReader
+from converter.layout import chunking, logical_axes
+from converter.sources.checkpoint_reader import CheckpointReader
 from converter.output.record import ConversionRecord, leaf_name
 
 

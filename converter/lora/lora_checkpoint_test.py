@@ -9,7 +9,7 @@ import ml_dtypes
 import numpy as np
 from absl.testing import absltest
 
-from converter import lora_checkpoint, lora_export
+from converter.lora import lora_checkpoint, lora_export
 from converter.errors import ConversionError
 from converter.model_config import parse_model_config
 from converter.sources import lora

@@ -28,8 +28,8 @@ import numpy as np
 from converter.arrays import Shape
 from converter import ops as ops_lib
 from converter.errors import ConversionError
-from converter.loader import Loader
-from converter.loaders import FromTensor, JoinSlots, Stack
+from converter.planning.loader import Loader
+from converter.planning.loaders import FromTensor, JoinSlots, Stack
 from converter.sources import TensorInfo
 from converter.sources.fp8 import Fp8BlockTensor
 

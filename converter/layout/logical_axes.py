@@ -1,5 +1,5 @@
 """MaxText's logical axis names for every leaf we write: which axes its `logical_axis_rules` shard, and so where the
-stored chunks are cut (converter/chunking.py).
+stored chunks are cut (converter/layout/chunking.py).
 
 Model facts, read off MaxText 0.2.5's own modules (each parameter's `out_sharding`) and checked against them for
 every family and scan setting by the interop step (integration_tests/maxtext_interop/maxtext_logits.py compares

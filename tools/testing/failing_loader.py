@@ -7,7 +7,7 @@ from typing import Callable
 
 import numpy as np
 
-from converter.loader import Loader
+from converter.planning.loader import Loader
 
 
 @dataclasses.dataclass(frozen=True)

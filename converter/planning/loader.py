@@ -1,9 +1,9 @@
 """The one interface every leaf loader implements: how a plan's leaf is computed, block by block.
 
-A plan (converter/plan.py) gives every output leaf a loader; nothing is read until the writer, `--verify` or a
+A plan (converter/planning/plan.py) gives every output leaf a loader; nothing is read until the writer, `--verify` or a
 resumed run calls it. Loaders are small frozen records (source tensors, ops, shapes) so that a whole plan pickles
-across process boundaries. The implementations: converter/loaders.py (a source tensor, a stack of parts, parts
-joined into slots), converter/native_fp8.py (block scales), converter/output/resume.py (blocks salvaged from an
+across process boundaries. The implementations: converter/planning/loaders.py (a source tensor, a stack of parts, parts
+joined into slots), converter/planning/native_fp8.py (block scales), converter/output/resume.py (blocks salvaged from an
 interrupted run).
 """
 

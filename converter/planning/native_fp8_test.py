@@ -8,10 +8,11 @@ import ml_dtypes
 import numpy as np
 from absl.testing import absltest
 
-from converter import native_fp8, ops
+from converter import ops
+from converter.planning import native_fp8
 from converter.errors import ConversionError
-from converter.loaders import FromTensor, JoinSlots, Stack
-from converter.plan import Leaf
+from converter.planning.loaders import FromTensor, JoinSlots, Stack
+from converter.planning.plan import Leaf
 from converter.sources import fp8, open_safetensors
 from tools import quantize
 from tools.safetensors_writer import write_safetensors

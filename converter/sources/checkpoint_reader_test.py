@@ -15,7 +15,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from absl.testing import absltest, parameterized
 
-from converter.checkpoint_reader import (  # pylint: disable=g-import-not-at-top
+from converter.sources.checkpoint_reader import (  # pylint: disable=g-import-not-at-top
     CheckpointReader, StoredArray, cache_bytes)
 from converter.errors import ConversionError
 from handlers import ITEMS, LazyTensor, WriteOptions, lazy_tensor_context

@@ -6,7 +6,8 @@ import ml_dtypes
 import numpy as np
 from absl.testing import absltest
 
-from converter import loaders, ops
+from converter import ops
+from converter.planning import loaders
 
 
 @dataclasses.dataclass(frozen=True)

@@ -164,7 +164,7 @@ def plan_adapter_export(checkpoint_path: str, options: ReverseOptions, reader=No
   hf_config, source = base or hf_config_of(items_path, record, options.hf_config_path)
   config = parse_model_config(hf_config, source)
   if reader is None:
-    from converter.checkpoint_reader import CheckpointReader  # pylint: disable=g-import-not-at-top
+    from converter.sources.checkpoint_reader import CheckpointReader  # pylint: disable=g-import-not-at-top
 
     reader = CheckpointReader(items_path)
   leaves = {}
@@ -242,7 +242,7 @@ def export_lora_adapter(checkpoint_path: str, output_dir: str, options: ReverseO
                         run: RunContext = RunContext()) -> AdapterExport:
   """Writes the MaxText LoRA checkpoint at `checkpoint_path` as a PEFT adapter directory `output_dir`, staged and
   published whole (converter/output/huggingface.py)."""
-  from converter.checkpoint_reader import CheckpointReader  # pylint: disable=g-import-not-at-top
+  from converter.sources.checkpoint_reader import CheckpointReader  # pylint: disable=g-import-not-at-top
 
   items_path = items_path_of(checkpoint_path)
   reader = CheckpointReader(items_path)
@@ -304,7 +304,7 @@ def plan_merge(lora_checkpoint_path: str, options: ReverseOptions, family: str, 
                base: tuple[dict[str, Any], str]) -> Merge:
   """The LoRA checkpoint's factors, planned against the base's config, family and target (which a MaxText LoRA
   checkpoint does not record)."""
-  from converter.checkpoint_reader import CheckpointReader  # pylint: disable=g-import-not-at-top
+  from converter.sources.checkpoint_reader import CheckpointReader  # pylint: disable=g-import-not-at-top
 
   items_path = items_path_of(lora_checkpoint_path)
   reader = CheckpointReader(items_path)

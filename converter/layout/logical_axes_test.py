@@ -3,7 +3,7 @@ facts the chunk grids depend on most)."""
 
 from absl.testing import absltest
 
-from converter import logical_axes
+from converter.layout import logical_axes
 
 
 class LogicalAxesTest(absltest.TestCase):

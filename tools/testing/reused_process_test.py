@@ -6,7 +6,7 @@ import textwrap
 
 from absl.testing import absltest
 
-from tools.reused_process import ReusedProcess
+from tools.testing.reused_process import ReusedProcess
 
 # Answers {"echo": ..., "pid": ...} per request; exits on "die"; never answers "stall".
 _CHILD = textwrap.dedent("""

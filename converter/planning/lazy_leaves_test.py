@@ -7,7 +7,8 @@ jax.config.update("jax_num_cpu_devices", 4)
 import numpy as np  # pylint: disable=g-import-not-at-top,g-bad-import-order
 from absl.testing import absltest  # pylint: disable=g-import-not-at-top
 
-from converter import conversion, lazy_leaves  # pylint: disable=g-import-not-at-top
+from converter import conversion  # pylint: disable=g-import-not-at-top
+from converter.planning import lazy_leaves
 from converter.errors import ConversionError  # pylint: disable=g-import-not-at-top
 from converter.options import PlanOptions  # pylint: disable=g-import-not-at-top
 from handlers import LazyTensor, Processes, ShardedLazyTensor  # pylint: disable=g-import-not-at-top

@@ -7,7 +7,8 @@ import tempfile
 
 from absl.testing import absltest
 
-from converter import chunking, conversion, layout_inspection
+from converter import conversion
+from converter.layout import chunking, layout_inspection
 from converter.options import PlanOptions, SaveOptions
 from converter.output import layout
 
