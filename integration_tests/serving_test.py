@@ -69,6 +69,28 @@ def generations(model_dir: str) -> tuple[list[list[int]], str, str]:
   return ids, text, prompt
 
 
+def assert_copied(test: absltest.TestCase, names: tuple[str, ...]) -> None:
+  """`names` are in the way back's output byte for byte, on its `copied:` line, and nothing is said missing."""
+  for name in names:
+    test.assertTrue(filecmp.cmp(os.path.join(test.original, name), os.path.join(test.back, name), shallow=False),
+                    name)
+  copied = next(line for line in test.result.stdout.splitlines() if line.startswith("copied:"))
+  for name in names:
+    test.assertIn(name, copied)
+  test.assertNotIn("cannot serve", test.result.stdout + test.result.stderr)
+
+
+def assert_config_dtype_only(test: absltest.TestCase) -> None:
+  """The written config.json is the original's but for the dtype keys, float32."""
+  with open(os.path.join(test.original, "config.json")) as f:
+    original = json.load(f)
+  with open(os.path.join(test.back, "config.json")) as f:
+    written = json.load(f)
+  changed = {k for k in set(original) | set(written) if original.get(k) != written.get(k)}
+  test.assertLessEqual(changed, {"dtype", "torch_dtype"})
+  test.assertEqual(written["dtype"], "float32")
+
+
 class ServingTest(absltest.TestCase):
 
   @classmethod
@@ -82,22 +104,10 @@ class ServingTest(absltest.TestCase):
                                        f"--output_dir={cls.back}")
 
   def test_the_original_serving_files_are_copied_byte_for_byte(self):
-    for name in SERVING:
-      self.assertTrue(filecmp.cmp(os.path.join(self.original, name), os.path.join(self.back, name), shallow=False),
-                      name)
-    copied = next(line for line in self.result.stdout.splitlines() if line.startswith("copied:"))
-    for name in SERVING:
-      self.assertIn(name, copied)
-    self.assertNotIn("cannot serve", self.result.stdout + self.result.stderr)
+    assert_copied(self, SERVING)
 
   def test_config_json_is_the_original_with_only_the_dtype_set(self):
-    with open(os.path.join(self.original, "config.json")) as f:
-      original = json.load(f)
-    with open(os.path.join(self.back, "config.json")) as f:
-      written = json.load(f)
-    changed = {k for k in set(original) | set(written) if original.get(k) != written.get(k)}
-    self.assertLessEqual(changed, {"dtype", "torch_dtype"})
-    self.assertEqual(written["dtype"], "float32")
+    assert_config_dtype_only(self)
 
   def test_the_output_alone_generates_what_the_original_generates(self):
     ids, text, prompt = generations(self.back)
@@ -243,22 +253,10 @@ class MultimodalServingTest(absltest.TestCase):
     cls.served = mm_generations(cls.back)
 
   def test_the_processor_files_are_copied_byte_for_byte(self):
-    for name in MM_SERVING:
-      self.assertTrue(filecmp.cmp(os.path.join(self.original, name), os.path.join(self.back, name), shallow=False),
-                      name)
-    copied = next(line for line in self.result.stdout.splitlines() if line.startswith("copied:"))
-    for name in MM_SERVING:
-      self.assertIn(name, copied)
-    self.assertNotIn("cannot serve", self.result.stdout + self.result.stderr)
+    assert_copied(self, MM_SERVING)
 
   def test_config_json_is_the_original_with_only_the_dtype_set(self):
-    with open(os.path.join(self.original, "config.json")) as f:
-      original = json.load(f)
-    with open(os.path.join(self.back, "config.json")) as f:
-      written = json.load(f)
-    changed = {k for k in set(original) | set(written) if original.get(k) != written.get(k)}
-    self.assertLessEqual(changed, {"dtype", "torch_dtype"})
-    self.assertEqual(written["dtype"], "float32")
+    assert_config_dtype_only(self)
 
   def test_the_processor_alone_gives_the_original_inputs(self):
     self.assertEqual(self.served.prompt, self.expected.prompt)
