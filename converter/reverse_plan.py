@@ -262,11 +262,10 @@ def plan_to_huggingface(
   if towers and not model.multimodal:
     raise ConversionError(f"{items_path}: the checkpoint holds {'/'.join(sorted({k[0] for k in params} & set(TOWER_SUBTREES)))}"
                           f" leaves, but {fam.name} ({target}) with {source} has no towers to write them to")
-  decoder = {k[1] for k in params if k[0] == "decoder" and len(k) > 1}
   if record.scan_layers is not None:
     scan_layers = record.scan_layers
   else:
-    scan_layers = "layers" in decoder
+    scan_layers = model.stored_scanned(params)
     warnings.append(f"no scan_layers in the checkpoint metadata; {'scanned' if scan_layers else 'unscanned'}"
                     " layers found in the tree")
   embedding = params.get(("token_embedder", "embedding"))

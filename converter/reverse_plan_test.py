@@ -159,6 +159,11 @@ class ReversePlanTest(parameterized.TestCase):
     self.assertFalse(the_plan.scan_layers)
     self.assertIn("no scan_layers in the checkpoint metadata; unscanned layers found in the tree", the_plan.warnings)
     self.assertEqual(the_plan.family.name, "qwen3")
+    # DeepSeek stacks its layers in dense_layers / moe_layers, not decoder/layers.
+    deepseek = tiny_models.build_tiny_model("deepseek3", _tmpdir())
+    _, leaves = _forward_leaves(deepseek, scan_layers=True)
+    the_plan = self.reverse(leaves, None, hf_config_path=os.path.join(deepseek, "config.json"))
+    self.assertTrue(the_plan.scan_layers)
 
   def test_a_family_flag_overriding_the_record_is_warned_about(self):
     _, leaves = _forward_leaves(self.qwen3_dir, scan_layers=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import pkgutil
+from typing import Iterable, Sequence
 
 from converter.errors import ConversionError
 from converter.families.base import Alternatives, Family, LayerGroup, Layout, Param, Towers
@@ -70,6 +71,13 @@ class ResolvedModel:
     if self.towers is None:
       return layout
     return dataclasses.replace(layout, top=layout.top + self.towers.params)
+
+  def stored_scanned(self, leaf_paths: Iterable[Sequence[str]]) -> bool:
+    """Whether a checkpoint whose leaves lie at `leaf_paths` (below its parameters) stacks its layers: some leaf
+    lies in a group the scanned layout stacks (`decoder/layers`, DeepSeek's `dense_layers` / `moe_layers`, ...).
+    For checkpoints that do not record `scan_layers`."""
+    stacked = {tuple(g.path) for g in self.layout(self.config.vocab_size, True).groups if g.stacked}
+    return any(tuple(path[:len(group)]) == group for path in leaf_paths for group in stacked)
 
   def warnings(self) -> list[str]:
     """What the target cannot reproduce; raises ConversionError for what it must refuse."""

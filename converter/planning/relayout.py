@@ -89,8 +89,7 @@ def plan_relayout(checkpoint_path: str, options: PlanOptions, *, family: str | N
   warnings = model.warnings()
   stored_scan = record.scan_layers
   if stored_scan is None:
-    stacked = ["/".join(g.path) + "/" for g in model.layout(vocab, True).groups if g.stacked]
-    stored_scan = any(name.startswith(tuple(stacked)) for name in source.tensors)
+    stored_scan = model.stored_scanned(name.split("/") for name in source.tensors)
     warnings.append(f"no scan_layers in the checkpoint metadata; {'scanned' if stored_scan else 'unscanned'}"
                     " layers found in the tree")
   layers = _source_layers(model.layout(vocab, stored_scan))
