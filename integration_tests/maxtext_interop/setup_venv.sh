@@ -69,8 +69,9 @@ build() {
 }
 
 if command -v flock >/dev/null 2>&1; then
-  # One builder at a time (two checks started together); the lock lives outside the repository.
-  exec 9>"${TMPDIR:-/tmp}/hf2maxtext-mtvenv-$(printf '%s' "$VENV" | sha256sum | cut -c1-16).lock"
+  # One builder at a time (two checks started together); the lock lies beside the venv (ignored by git), so that
+  # a clone, removed, leaves none behind in /tmp.
+  exec 9>"$VENV.lock"
   flock 9
   build
   flock -u 9
