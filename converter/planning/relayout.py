@@ -71,6 +71,11 @@ def plan_relayout(checkpoint_path: str, options: PlanOptions, *, family: str | N
   items_path = items_path_of(checkpoint_path)
   source = open_maxtext(items_path)
   record = source.record
+  if record.fp8:
+    raise ConversionError(f"{items_path}: a native fp8 checkpoint (converted with --keep_fp8, for {record.target_model}):"
+                          " its FP8 kernels and their scales would come out dequantized for a model that reads them"
+                          " as FP8; laying such a checkpoint out again is not supported (convert it again from"
+                          " HuggingFace instead)")
   hf_config, config_source = hf_config_of(items_path, record, hf_config_path)
   config = parse_model_config(hf_config, config_source)
   towers = any(name.split("/")[0] in TOWER_SUBTREES for name in source.tensors)

@@ -8,6 +8,7 @@ No Orbax checkpoint is written: the source's stored arrays are the forward plan'
 TensorStore reads), so only the planning and the region reads are under test here; integration_tests/
 relayout_test.py and the MaxText interop run the real thing."""
 
+import dataclasses
 import json
 import os
 import tempfile
@@ -166,6 +167,9 @@ class RelayoutTest(parameterized.TestCase):
     stand_in = _StandIn(forward)
     with self.assertRaisesRegex(ConversionError, "takes no --keep_fp8"):
       stand_in.relayout(keep_fp8=True)
+    fp8 = _StandIn(forward, record=dataclasses.replace(stand_in.record, fp8={"weight_dtype": "float8_e4m3fn"}))
+    with self.assertRaisesRegex(ConversionError, "a native fp8 checkpoint .* not supported"):
+      fp8.relayout()
     vocab = forward.target_vocab_size
     with self.assertRaisesRegex(ConversionError, f"vocabulary of {vocab} rows, which laying it out again keeps"):
       stand_in.relayout(target_vocab_size=vocab + 3)
