@@ -21,7 +21,7 @@ from converter.planning import native_fp8
 from converter.arrays import Shape
 from converter.layout.chunking import ChunkRule
 from converter.errors import ConversionError
-from converter.families import Family, Layout, Param, ResolvedModel
+from converter.families import Family, LayerGroup, Layout, Param, ResolvedModel
 from converter.families.runtime import Runtime
 from converter.planning.loader import Loader
 from converter.planning.loaders import Fill, FromTensor, JoinSlots, Stack
@@ -264,20 +264,32 @@ def _layer_leaves(sources: _Sources, layout: Layout, save_dtype: np.dtype) -> It
       dtype = _leaf_dtype(sources, params, next(iter(group.positions()))[1], save_dtype)
       per_layer = {layer: _leaf_loader(sources, params, layer, dtype) for _, layer in group.positions()}
       names = tuple(dict.fromkeys(n for _, _, ns in per_layer.values() for n in ns))
-      path = (*group.path, *maxtext.split("/"))
-      axis = params[0].scan_axis
-      if not group.stacked:
-        (loader, shape, _), = per_layer.values()
-        axes = leaf_axes(params[0], len(shape))
-      elif group.nested:  # Layers of a block on the scan axis, then the blocks in front of them.
-        blocks = [stack([per_layer[layer][:2] for layer in block], axis, dtype) for block in group.layers]
-        loader, shape = stack(blocks, axis, dtype)
-      else:
-        loader, shape = stack([per_layer[layer][:2] for layer in group.layers], axis, dtype)
-      if group.stacked:
-        stacking = group.stacking_names
-        axes = logical_axes.stacked(leaf_axes(params[0], len(shape) - len(stacking)), axis, stacking)
-      yield Leaf(path, shape, dtype, names, loader, axes)
+      loader, shape = stack_layers(group, {layer: part[:2] for layer, part in per_layer.items()},
+                                   params[0].scan_axis, dtype)
+      yield Leaf((*group.path, *maxtext.split("/")), shape, dtype, names, loader, group_leaf_axes(group, params[0],
+                                                                                                  len(shape)))
+
+
+def stack_layers(group: LayerGroup, per_layer: dict[int, tuple[Loader, Shape]], axis: int,
+                 dtype: np.dtype) -> tuple[Loader, Shape]:
+  """One leaf of `group` from each of its layers' values (by MaxText layer): the one layer's own, or stacked at
+  `axis` (a nested group: each block's layers on the scan axis, then the blocks in front of them)."""
+  if not group.stacked:
+    (part,) = per_layer.values()
+    return part
+  if group.nested:
+    blocks = [stack([per_layer[layer] for layer in block], axis, dtype) for block in group.layers]
+    return stack(blocks, axis, dtype)
+  return stack([per_layer[layer] for layer in group.layers], axis, dtype)
+
+
+def group_leaf_axes(group: LayerGroup, param: Param, rank: int) -> tuple[str | None, ...] | None:
+  """MaxText's logical axes of a `rank`-axis leaf of `group` whose first param is `param`: its per-layer axes, with
+  the group's stacking axes at the param's scan axis."""
+  if not group.stacked:
+    return leaf_axes(param, rank)
+  stacking = group.stacking_names
+  return logical_axes.stacked(leaf_axes(param, rank - len(stacking)), param.scan_axis, stacking)
 
 
 LOGITS_KERNEL = "decoder/logits_dense/kernel"

@@ -16,7 +16,6 @@ import dataclasses
 import numpy as np
 
 from converter import families
-from converter.layout import logical_axes
 from converter.lora import lora_export
 from converter.planning import plan as plan_lib
 from converter.arrays import Shape
@@ -44,6 +43,11 @@ def _per_layer_shape(param: Param) -> Shape:
     raise ConversionError(f"{param.maxtext} ({param.hf}): {e}") from e
 
 
+def _stacked_at(axis: int, position: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+  """(axis, position) of each stacking axis of a layer at `position`, the first at `axis` (the param's scan axis)."""
+  return tuple((axis + i, p) for i, p in enumerate(position))
+
+
 def _source_layers(layout: Layout) -> dict[tuple[str, int], _Located]:
   """Where the source keeps each layer's value of each layer leaf, by (its path within the group, MaxText
   layer)."""
@@ -53,7 +57,7 @@ def _source_layers(layout: Layout) -> dict[tuple[str, int], _Located]:
     for maxtext, params in plan_lib.by_leaf(group.params).items():
       path = "/".join((*group.path, maxtext))
       for position, layer in group.positions():
-        fixed = tuple((params[0].scan_axis + i, p) for i, p in enumerate(position)) if group.stacked else ()
+        fixed = _stacked_at(params[0].scan_axis, position) if group.stacked else ()
         layers[(maxtext, layer)] = (path, fixed)
   return layers
 
@@ -105,9 +109,9 @@ def plan_relayout(checkpoint_path: str, options: PlanOptions, *, family: str | N
     source = dataclasses.replace(source, lora=merge.record())
   builder = _Leaves(source, model.config.path, np.dtype(options.save_dtype), "scanned" if stored_scan else
                     "unscanned", merge)
-  leaves = [builder.top(maxtext, params) for maxtext, params in
-            plan_lib.by_leaf(model.layout(vocab, options.scan_layers).top).items()]
-  for group in model.layout(vocab, options.scan_layers).groups:
+  layout = model.layout(vocab, options.scan_layers)
+  leaves = [builder.top(maxtext, params) for maxtext, params in plan_lib.by_leaf(layout.top).items()]
+  for group in layout.groups:
     leaves.extend(builder.group(group.resolved(), layers))
   if merge is not None and builder.merged != set(merge.weights):
     missed = sorted(set(merge.weights) - builder.merged)
@@ -171,12 +175,12 @@ class _Leaves:
     """A layer's copy, with the module's update added in float32 where the LoRA checkpoint adapts it."""
     if module is None:
       return Copy(tensor, dtype)
+    export = self._merge.export
+    layer = tuple((axis, i) for axis, i in enumerate(module.index) if isinstance(i, int))
     factors = []
     for keys in (module.leaf_a, module.leaf_b):
       stored = self._merge.reader.arrays[keys]
-      fixed = tuple((axis, i) for axis, i in enumerate(module.index) if isinstance(i, int))
-      factors.append(MaxTextTensor(self._merge.export.items_path, keys, stored.shape, stored.dtype).at(fixed))
-    export = self._merge.export
+      factors.append(MaxTextTensor(export.items_path, keys, stored.shape, stored.dtype).at(layer))
     return AddLowRank(Copy(tensor, np.dtype(np.float32)), *factors, export.alpha / export.rank,
                       len(module.sides.in_shape), dtype)
 
@@ -210,17 +214,9 @@ class _Leaves:
         dtype = self._dtype(params, next(iter(per_layer.values())))
         parts = {layer: (self._merged(adapted.get(layer), t, dtype), t.shape) for layer, t in per_layer.items()}
         names = tuple(dict.fromkeys(t.name for t in per_layer.values()))
-        if not group.stacked:
-          (loader, shape), = parts.values()
-        elif group.nested:
-          blocks = [plan_lib.stack([parts[layer] for layer in block], axis, dtype) for block in group.layers]
-          loader, shape = plan_lib.stack(blocks, axis, dtype)
-        else:
-          loader, shape = plan_lib.stack([parts[layer] for layer in group.layers], axis, dtype)
-      axes = plan_lib.leaf_axes(params[0], len(expected))
-      if group.stacked:
-        axes = logical_axes.stacked(axes, axis, group.stacking_names)
-      leaves.append(plan_lib.Leaf(path, shape, dtype, names, loader, axes))
+        loader, shape = plan_lib.stack_layers(group, parts, axis, dtype)
+      leaves.append(plan_lib.Leaf(path, shape, dtype, names, loader,
+                                  plan_lib.group_leaf_axes(group, params[0], len(shape))))
     return leaves
 
 
@@ -232,6 +228,6 @@ def _whole_leaf(group: LayerGroup, path: tuple[str, ...], located: dict[int, _Lo
     return source_path if source_path == name and not fixed else None
   for position, layer in group.positions():
     source_path, fixed = located[layer]
-    if source_path != name or fixed != tuple((axis + i, p) for i, p in enumerate(position)):
+    if source_path != name or fixed != _stacked_at(axis, position):
       return None
   return name
