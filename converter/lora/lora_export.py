@@ -36,6 +36,7 @@ from converter.output.record import ConversionRecord, step_custom_metadata
 from converter.reverse_plan import hf_config_of, items_path_of, leaf_index
 from converter.safetensors_output import SafetensorsStreamWriter, TensorSpec
 from converter.sources.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, LORA_A, LORA_B, PREFIX, add_update
+from converter.sources.maxtext import linen_keys
 
 LORA_A_SUFFIX, LORA_B_SUFFIX = "_lora_a", "_lora_b"
 _OUT_SIDE_OPS = (InterleaveRope, ScaleInFloat32, DivideInFloat32)  # Each acts on the last axis or elementwise.
@@ -103,12 +104,7 @@ def lora_leaf_key(keys: tuple[str, ...]) -> tuple[str, ...] | None:
     return None
   if keys and keys[-1] == "value":
     keys = keys[:-1]
-  folded: list[str] = []
-  for key in keys:  # An nnx.List of layers stores `layers/0`; MaxText's Linen names are `layers_0`.
-    if key.isdigit() and folded:
-      folded[-1] = f"{folded[-1]}_{key}"
-    else:
-      folded.append(key)
+  folded = linen_keys(keys)
   if not folded or not folded[-1].endswith((LORA_A_SUFFIX, LORA_B_SUFFIX)):
     return None
   return tuple(folded)

@@ -115,7 +115,6 @@ class MaxTextSource:
     return _OPEN_ARRAYS * READ_CACHE_BYTES
 
 
-
 @dataclasses.dataclass(frozen=True)
 class ModelTree:
   """The model's weights in a checkpoint's tree: by their path under a Linen TrainState's params/params (the
@@ -128,6 +127,17 @@ class ModelTree:
 
   def show(self, keys: Sequence[str]) -> str:
     return "/".join((*self.prefix, *keys, *self.suffix))
+
+
+def linen_keys(keys: Sequence[str]) -> tuple[str, ...]:
+  """Tree keys with an nnx.List's `layers/0` read as Linen's `layers_0` (MaxText's names)."""
+  folded: list[str] = []
+  for key in keys:
+    if key.isdigit() and folded:
+      folded[-1] = f"{folded[-1]}_{key}"
+    else:
+      folded.append(key)
+  return tuple(folded)
 
 
 def _is_rng_state(keys: tuple[str, ...]) -> bool:
@@ -153,15 +163,8 @@ def model_tree(arrays: Mapping[tuple[str, ...], Any], items_path: str) -> ModelT
   if arrays and all(k[-1:] == ("value",) for k in arrays):
     nnx_params = {}
     for keys, array in arrays.items():
-      if _is_rng_state(keys):
-        continue
-      folded: list[str] = []
-      for key in keys[len(base):-1]:
-        if key.isdigit() and folded:
-          folded[-1] = f"{folded[-1]}_{key}"
-        else:
-          folded.append(key)
-      nnx_params[tuple(folded)] = array
+      if not _is_rng_state(keys):
+        nnx_params[linen_keys(keys[len(base):-1])] = array
     if nnx_params and all(k[-1].endswith(("_lora_a", "_lora_b")) for k in nnx_params):
       raise ConversionError(
           f"{items_path}: an NNX state of LoRA factors only (Tunix saves only those for a LoRA run): it holds no"
