@@ -237,11 +237,19 @@ class Copy:
     return read(self)
 
 
+@functools.lru_cache(maxsize=64)
+def _factor(tensor: SourceTensor) -> np.ndarray:
+  """A LoRA factor in float32, read once per process for every region of its kernel (read-only: shared)."""
+  value = tensor.read(np.float32)
+  value.flags.writeable = False
+  return value
+
+
 @dataclasses.dataclass(frozen=True)
 class AddLowRank:
   """Loader: one layer's kernel (`base`, read in float32) plus `scale` a b, rounded once to `dtype`: a MaxText LoRA
   checkpoint's qwix factors merged into its base. `a` is (prod(input axes), r), `b` (r, prod(output axes)), the
-  kernel's first `in_axes` axes its input side; both are small and read whole for each region. The update is summed
+  kernel's first `in_axes` axes its input side; both are small, read whole once per process. The update is summed
   over the rank as the forward merge of a PEFT adapter sums it (`sources.lora.add_update`)."""
 
   base: Loader
@@ -266,8 +274,8 @@ class AddLowRank:
     index = tuple(index) + tuple(slice(0, d) for d in self.shape[len(index):])
     kernel = np.array(self.base.region(index), np.float32)
     rank = self.a.shape[-1]
-    a = self.a.read(np.float32).reshape(self.shape[:self.in_axes] + (rank,))[index[:self.in_axes]]
-    b = self.b.read(np.float32).reshape((rank,) + self.shape[self.in_axes:])[(slice(None),) + index[self.in_axes:]]
+    a = _factor(self.a).reshape(self.shape[:self.in_axes] + (rank,))[index[:self.in_axes]]
+    b = _factor(self.b).reshape((rank,) + self.shape[self.in_axes:])[(slice(None),) + index[self.in_axes:]]
     flat = kernel.reshape(math.prod(a.shape[:-1]), -1)
     add_update(flat, a.reshape(-1, rank), b.reshape(rank, -1), self.scale)
     return flat.reshape(kernel.shape).astype(self.dtype)
