@@ -12,14 +12,13 @@ from converter.planning.plan import Plan
 from converter.sources.maxtext import MaxTextSource
 from handlers.blocks import inner_chunk_shape, write_shape
 
-# Fitted to the peaks tools/benchmark.py measures beside each prediction (docs/memory-and-streaming.md): every
-# byte of the budget in flight holds about this many resident (the block, and tensorstore's encoded shard of it
-# until it is on disk), plus a share the writer holds whatever the budget (its thread pools' arenas, OCDBT's
-# manifest, the heap's high-water mark), plus the dequantizing reads' float32 pieces on the loader threads, plus a
-# MaxText source's chunk caches.
+# Fitted to the peaks tools/benchmark.py and tools/memory_benchmark.py measure beside each prediction
+# (docs/memory-and-streaming.md): every byte of the budget in flight holds about this many resident (the block,
+# and tensorstore's encoded shard of it until it is on disk), plus a share the writer holds whatever the budget
+# (its thread pools' arenas, OCDBT's manifest, the heap's high-water mark, the loader threads' pieces), plus a
+# MaxText source's chunk caches. Dequantizing sources peak no higher than others since the B-tree cache went.
 INFLIGHT_OVERHEAD = 1.8
-WRITER_BYTES = 96 << 20
-DEQUANTIZING_READS_BYTES = 32 << 20
+WRITER_BYTES = 72 << 20
 
 
 def _human(n: float) -> str:
@@ -34,16 +33,14 @@ def _human(n: float) -> str:
 def predicted_peak_bytes(plan: Plan, baseline_bytes: int, max_inflight_bytes: int,
                          block_shapes: list | None = None) -> int:
   """Process baseline (this process, planned: what the conversion's has too) plus the writer's share, the blocks in
-  flight (at most the budget, at least the largest block) with their encoded copies, and the dequantizing reads;
+  flight (at most the budget, at least the largest block) with their encoded copies, and a source's read cache;
   `block_shapes`: the writer's cut under this budget, when the caller has it already."""
   if block_shapes is None:
     _, block_shapes, _, _ = write_blocks(plan, max_inflight_bytes)
   largest_block = max(math.prod(block) * leaf.dtype.itemsize for leaf, block in zip(plan.leaves, block_shapes))
   inflight = min(max(max_inflight_bytes, largest_block), plan.total_bytes)
-  dequantizing = plan.source.quant_method is not None and not plan.fp8
   read_cache = plan.source.read_cache_bytes if isinstance(plan.source, MaxTextSource) else 0
-  return int(baseline_bytes + WRITER_BYTES + INFLIGHT_OVERHEAD * inflight
-             + (DEQUANTIZING_READS_BYTES if dequantizing else 0) + read_cache)
+  return int(baseline_bytes + WRITER_BYTES + INFLIGHT_OVERHEAD * inflight + read_cache)
 
 
 def stored_leaves(plan: Plan, lazies: list, block_shapes: list) -> list[chunking.StoredLeaf]:

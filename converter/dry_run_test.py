@@ -102,7 +102,7 @@ class DryRunTest(parameterized.TestCase):
   def test_predicted_peak_is_the_baseline_plus_the_blocks_in_flight_with_overhead(self):
     largest = max(leaf.nbytes for leaf in self.plan.leaves)
     total = self.plan.total_bytes
-    baseline = 1000 + dry_run.WRITER_BYTES  # An unquantized plan: no dequantizing reads.
+    baseline = 1000 + dry_run.WRITER_BYTES
     predict = lambda budget: dry_run.predicted_peak_bytes(self.plan, 1000, budget)
     overhead = dry_run.INFLIGHT_OVERHEAD
     # A one-byte budget makes the writer cut the smallest blocks its loaders allow (one layer of a stacked leaf):

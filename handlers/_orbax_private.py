@@ -29,6 +29,7 @@ UnregisteredTypeError = _registry.UnregisteredTypeError
 
 CommitFuture = _future.CommitFutureAwaitingContractedSignals
 build_array_write_spec = _ts_utils.build_array_write_spec
+default_ts_context = _ts_utils.get_ts_context
 process_index_for_subdir = _ocdbt_utils.get_process_index_for_subdir
 # Writes the per-leaf `_sharding` entries exactly as Orbax's own ArrayHandler does.
 serialize_shardings = _jax_array_handlers._async_serialize_shardings  # pylint: disable=protected-access

@@ -1,0 +1,206 @@
+"""Whole-model conversions with the converter's memory sampled from start to end: is it flat in the bytes written?
+
+  bazel run //tools:memory_benchmark -- --model=deepseek3_whole
+  bazel run //tools:memory_benchmark -- --model=kimi_k26_whole
+  bazel run //tools:memory_benchmark -- --model=kimi_k26_random --moe_layers=2 --relayout --nokeep_input
+
+Each model's input is written by tools/synthetic_checkpoint.py: `*_whole` is the real model at full size, written
+sparse (headers, and holes that read as zeros: a 685B or 1T model on a small disk; its zeros compress to almost
+nothing, so the output is small too); `kimi_k26_random` is Kimi-K2.6 at its real widths with `--moe_layers` layers
+of random INT4 experts, which expand 4x into bfloat16 (the stored bytes follow the values, which the zeros may
+hide). The converter runs with its default flags as a user runs it, after `--dry_run` on the same command; its
+process tree's RSS is sampled every 20 ms. `--relayout` then lays the output out again (MaxText -> MaxText, scan
+flipped), sampled the same way.
+
+For each run it prints, and adds to `--results_page` (dated, newest first) with a plot under `--plot_dir` (time
+across, RSS up, the dry run's prediction and the 1 GiB line drawn in): wall, CPU-s, bytes written and stored, the
+peak RSS beside the prediction, and the highest RSS over the second and over the last fifth of the run, whose
+ratio says whether memory grows with the bytes written (the first fifth is start-up and the dense layers).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+
+from absl import app, flags
+
+from tools import synthetic_checkpoint
+from tools.benchmark import (
+    _PYTHON,
+    _REPO,
+    ResultTable,
+    _children_cpu_seconds,
+    _dry_run_lines,
+    _du,
+    machine_description,
+    print_table,
+    render_run_section,
+)
+from tools.process_sampling import run_sampled
+
+FLAGS = flags.FLAGS
+MODELS = ("deepseek3_whole", "kimi_k26_whole", "kimi_k26_random")
+flags.DEFINE_enum("model", "deepseek3_whole", MODELS, "Which model to convert (module docstring).")
+flags.DEFINE_integer("moe_layers", 3, "kimi_k26_random: MoE layers of 384 random INT4 experts (8.45 GB each in,"
+                     " 33.8 GB of bfloat16 out, about 17 GB of it stored).")
+flags.DEFINE_boolean("keep_output", False, "Leave the outputs in --work_dir (removed after each run by default).")
+flags.DEFINE_string("plot_dir", "docs/memory", "Where each run's plot (PNG) goes, beside the results page.")
+# Shared with tools/benchmark.py, whose flags they are (--relayout: also lay the output out again, scan flipped,
+# sampled the same way; --keep_input: reuse an input of the same model and size), with this benchmark's defaults.
+FLAGS.set_default("results_page", "docs/memory-results.md")
+FLAGS.set_default("work_dir", "/tmp/hf2maxtext-memory-benchmark")
+
+GIB = 1 << 30
+COLUMNS = ("run", "written", "stored", "wall", "CPU-s", "peak RSS", "--dry_run", "prediction off by",
+           "max RSS, 2nd fifth", "max RSS, last fifth", "last / 2nd", "plot")
+RESULTS_TITLE = "# Memory over whole-model conversions"
+RESULTS_MARKER = "<!-- tools/memory_benchmark.py adds each run below this line, newest first. -->"
+
+
+def write_input(model: str, moe_layers: int, directory: str) -> tuple[str, int]:
+  """The model's synthetic HF checkpoint in `directory` (reused when present and --keep_input); its label and
+  input bytes."""
+  if model == "deepseek3_whole":
+    config, sparse, label = synthetic_checkpoint.deepseek3_full_config(), True, "DeepSeek-V3 685B whole, sparse"
+    shapes = list(synthetic_checkpoint.deepseek3_fp8_shapes(config))
+  elif model == "kimi_k26_whole":
+    config, sparse, label = synthetic_checkpoint.kimi_k26_config(), True, "Kimi-K2.6 1T whole, sparse"
+    shapes = list(synthetic_checkpoint.kimi_k26_shapes(config))
+  else:
+    config = synthetic_checkpoint.kimi_k26_config(layers=1 + moe_layers, vocab=16384)
+    sparse, label = False, f"Kimi-K2.6 widths, {moe_layers} MoE layers, random INT4"
+    shapes = list(synthetic_checkpoint.kimi_k26_shapes(config))
+  if not (FLAGS.keep_input and os.path.exists(os.path.join(directory, "model.safetensors.index.json"))):
+    shutil.rmtree(directory, ignore_errors=True)
+    start = time.monotonic()
+    synthetic_checkpoint.write_checkpoint(directory, config, shapes, sparse=sparse)
+    print(f"wrote {label} to {directory} in {time.monotonic() - start:.0f} s", flush=True)
+  return label, sum(synthetic_checkpoint._nbytes(t) for t in shapes)  # pylint: disable=protected-access
+
+
+def fifth_peaks(trace: Sequence[tuple[float, int]]) -> tuple[int, int]:
+  """The highest RSS over the second fifth and over the last fifth of the run's wall time."""
+  end = trace[-1][0]
+  second = [rss for t, rss in trace if end / 5 <= t < 2 * end / 5]
+  last = [rss for t, rss in trace if t >= 4 * end / 5]
+  return max(second, default=0), max(last, default=0)
+
+
+def draw(trace: Sequence[tuple[float, int]], predicted: int, title: str, path: str) -> None:
+  """RSS over time, the prediction and the 1 GiB line, as a PNG at `path` (matplotlib: a benchmark dependency,
+  never the converter's)."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+
+  matplotlib.use("Agg")
+  from matplotlib import pyplot  # pylint: disable=g-import-not-at-top
+
+  figure, axes = pyplot.subplots(figsize=(9, 4), dpi=100)
+  minutes = [t / 60 for t, _ in trace]
+  axes.plot(minutes, [rss / 2**20 for _, rss in trace], linewidth=0.8, label="RSS of the converter's process tree")
+  axes.axhline(predicted / 2**20, color="tab:orange", linestyle="--", label=f"--dry_run {predicted / 2**20:.0f} MiB")
+  axes.axhline(1024, color="tab:red", linestyle=":", label="1 GiB")
+  for fifth in (1, 2, 4):
+    axes.axvline(minutes[-1] * fifth / 5, color="0.8", linewidth=0.6)
+  axes.set_xlabel("minutes")
+  axes.set_ylabel("MiB")
+  axes.set_ylim(0, 1152)
+  axes.set_title(title, fontsize=10)
+  axes.legend(loc="lower right", fontsize=8)
+  figure.tight_layout()
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  figure.savefig(path)
+  pyplot.close(figure)
+
+
+def dry_run(command: list[str], env: dict[str, str]) -> tuple[int, int]:
+  """(the peak RSS, the bytes to write) `command` + `--dry_run` predicts."""
+  result = subprocess.run([*command, "--dry_run"], env=env, capture_output=True, text=True)
+  predicted = _dry_run_lines(result.stdout)[0]
+  written = next((int(line.split(":", 1)[1].split()[0].replace(",", "")) for line in result.stdout.splitlines()
+                  if line.startswith("bytes to write:")), None)
+  if predicted is None or written is None:
+    sys.exit(f"--dry_run printed no predicted peak or bytes to write ({result.returncode}):\n"
+             f"{result.stderr[-3000:]}")
+  return predicted, written
+
+
+def measured_run(label: str, command: list[str], output_dir: str, plot: str) -> tuple[str, ...]:
+  """`command`'s dry run, then the command sampled; its row of the table, its plot drawn at `plot`."""
+  env = dict(os.environ, PYTHONPATH=_REPO)
+  predicted, written = dry_run(command, env)
+  trace: list[tuple[float, int]] = []
+  cpu_before = _children_cpu_seconds()
+  wall, peak, result = run_sampled(command, env, trace)
+  cpu = _children_cpu_seconds() - cpu_before
+  if result.returncode:
+    sys.exit(f"{label} failed ({result.returncode}):\n{result.stderr[-3000:]}")
+  second, last = fifth_peaks(trace)
+  stored = _du(output_dir)
+  print(f"{label}: wall {wall:.0f} s, {cpu:.0f} CPU-s, peak {peak / GIB:.2f} GiB (predicted"
+        f" {predicted / GIB:.2f}), second fifth {second / 2**20:.0f} MiB, last {last / 2**20:.0f} MiB", flush=True)
+  draw(trace, predicted, f"{label}: {written / 1e12:.2f} TB written", _page_path(plot))
+  rel = os.path.relpath(_page_path(plot), os.path.dirname(_page_path(FLAGS.results_page)))
+  return (label, f"{written / 1e9:,.0f} GB", f"{stored / 1e9:,.1f} GB", f"{wall / 60:.1f} min", f"{cpu:,.0f}",
+          f"{peak / 2**20:.0f} MiB", f"{predicted / 2**20:.0f} MiB", f"{(predicted - peak) / peak:+.0%}",
+          f"{second / 2**20:.0f} MiB", f"{last / 2**20:.0f} MiB", f"{last / second:.3f}" if second else "-",
+          f"[png]({rel})")
+
+
+def _page_path(path: str) -> str:
+  if os.path.isabs(path):
+    return path
+  return os.path.join(os.environ.get("BUILD_WORKSPACE_DIRECTORY") or _REPO, path)
+
+
+def main(argv: Sequence[str]) -> None:
+  del argv
+  started = datetime.datetime.now(datetime.timezone.utc)
+  stamp = started.strftime("%Y%m%d-%H%M")
+  input_dir = os.path.join(FLAGS.work_dir, FLAGS.model + (f"-{FLAGS.moe_layers}" if "random" in FLAGS.model
+                                                          else ""))
+  label, input_bytes = write_input(FLAGS.model, FLAGS.moe_layers, input_dir)
+  output_dir = os.path.join(FLAGS.work_dir, "out")
+  converter = [_PYTHON, os.path.join(_REPO, "converter", "main.py")]
+  rows = []
+  forward = [*converter, f"--hf_model_path={input_dir}", f"--output_dir={output_dir}", "--overwrite", "--noprogress"]
+  plot = os.path.join(FLAGS.plot_dir, f"{stamp}-{FLAGS.model}.png")
+  items = os.path.join(output_dir, "0", "items")
+  rows.append(measured_run(label, forward, output_dir, plot))
+  if FLAGS.relayout:
+    if not FLAGS.keep_input:  # The re-layout reads the output alone: the disk holds the output and its re-layout.
+      shutil.rmtree(input_dir, ignore_errors=True)
+    relaid = os.path.join(FLAGS.work_dir, "relayout")
+    command = [*converter, f"--checkpoint_path={items}", f"--output_dir={relaid}", "--overwrite", "--noprogress",
+               "--noscan_layers"]
+    rows.append(measured_run(f"{label}, re-laid out (scan off)", command, relaid,
+                             os.path.join(FLAGS.plot_dir, f"{stamp}-{FLAGS.model}-relayout.png")))
+    if not FLAGS.keep_output:
+      shutil.rmtree(relaid, ignore_errors=True)
+  if not FLAGS.keep_output:
+    shutil.rmtree(output_dir, ignore_errors=True)
+  table = ResultTable(f"input {input_bytes / 1e9:,.1f} GB as the hub ships it; default flags (128 MiB budget, scan"
+                      " on, 16 lazy devices); RSS of the whole process tree every 20 ms", COLUMNS, tuple(rows))
+  print_table(table)
+  command = "bazel run //tools:memory_benchmark -- " + shlex.join(sys.argv[1:])
+  section = render_run_section([table], started, machine_description(), command)
+  page_path = _page_path(FLAGS.results_page)
+  page = open(page_path).read() if os.path.exists(page_path) else ""
+  if RESULTS_MARKER not in page:
+    page = (f"{RESULTS_TITLE}\n\nWritten by `tools/memory_benchmark.py` at the end of every run (what it measures:"
+            " [memory-and-streaming.md](memory-and-streaming.md#flat-to-the-last-byte)).\n\n{RESULTS_MARKER}\n")
+  head, earlier = page.split(RESULTS_MARKER, 1)
+  with open(page_path + ".tmp", "w") as f:
+    f.write(f"{head}{RESULTS_MARKER}\n\n{section.rstrip()}\n{earlier}")
+  os.replace(page_path + ".tmp", page_path)
+  print(f"added to {page_path}", flush=True)
+
+
+if __name__ == "__main__":
+  app.run(main)
