@@ -26,6 +26,12 @@ def build_lazy_tensor_checkpointables_registry(
   return registry
 
 
+# Orbax fails a save still running after `AsyncOptions.timeout_secs`, 20 minutes by default: a whole DeepSeek-V3
+# (1.3 TB written) takes longer than that on most hosts. A save here ends when its bytes are written; a stalled
+# bucket fails its requests within the retry policy (converter/storage), and a lost writer's lease ends the run.
+SAVE_TIMEOUT_S = 30 * 24 * 3600
+
+
 def lazy_tensor_context(options: WriteOptions = WriteOptions()) -> Any:
   """An `ocp.v1.Context` whose checkpointables registry knows `LazyTensor` under "items".
 
@@ -35,6 +41,7 @@ def lazy_tensor_context(options: WriteOptions = WriteOptions()) -> Any:
   carry checksums have no Orbax option: they are set for the process, for the saves made from now on.
   """
   context = ocp.v1.Context()
+  context.asynchronous.timeout_secs = SAVE_TIMEOUT_S
   context.array.saving.use_compression = options.compression
   _orbax_private.configure_chunks(checksums=options.checksums, zstd_level=options.zstd_level)
   context.checkpointables.registry = build_lazy_tensor_checkpointables_registry(options=options)

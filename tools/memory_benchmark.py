@@ -82,7 +82,7 @@ def write_input(model: str, moe_layers: int, directory: str) -> tuple[str, int]:
     start = time.monotonic()
     synthetic_checkpoint.write_checkpoint(directory, config, shapes, sparse=sparse)
     print(f"wrote {label} to {directory} in {time.monotonic() - start:.0f} s", flush=True)
-  return label, sum(synthetic_checkpoint._nbytes(t) for t in shapes)  # pylint: disable=protected-access
+  return label, sum(synthetic_checkpoint.tensor_bytes(t) for t in shapes)
 
 
 def fifth_peaks(trace: Sequence[tuple[float, int]]) -> tuple[int, int]:

@@ -436,13 +436,13 @@ def deepseek4_for_bytes(target_bytes: int, itemsize: int = 1) -> dict:
   del itemsize
   experts, vocab = 8, 16384
   one = deepseek4_config(layers=5, experts=experts, vocab=vocab)
-  per_pair = sum(_nbytes(t) for i in (3, 4) for t in _deepseek4_layer(one, f"layers.{i}", i))
-  fixed = sum(_nbytes(t) for t in deepseek4_shapes(one)) - 2 * per_pair
+  per_pair = sum(tensor_bytes(t) for i in (3, 4) for t in _deepseek4_layer(one, f"layers.{i}", i))
+  fixed = sum(tensor_bytes(t) for t in deepseek4_shapes(one)) - 2 * per_pair
   return deepseek4_config(layers=3 + 2 * max(1, round((target_bytes - fixed) / per_pair)), experts=experts,
                           vocab=vocab)
 
 
-def _nbytes(tensor: tuple[str, tuple[int, ...], np.dtype]) -> int:
+def tensor_bytes(tensor: tuple[str, tuple[int, ...], np.dtype]) -> int:
   return math.prod(tensor[1]) * np.dtype(tensor[2]).itemsize
 
 
@@ -595,8 +595,8 @@ def kimi_k26_int4_for_bytes(target_bytes: int, itemsize: int = 1) -> dict:
   del itemsize
   experts, vocab = 384, 16384
   one = kimi_k26_config(layers=2, experts=experts, vocab=vocab)
-  per_moe_layer = sum(_nbytes(t) for t in _kimi_layer(one, 1))
-  fixed = sum(_nbytes(t) for t in kimi_k26_shapes(one)) - per_moe_layer
+  per_moe_layer = sum(tensor_bytes(t) for t in _kimi_layer(one, 1))
+  fixed = sum(tensor_bytes(t) for t in kimi_k26_shapes(one)) - per_moe_layer
   return kimi_k26_config(layers=1 + max(1, round((target_bytes - fixed) / per_moe_layer)), experts=experts,
                          vocab=vocab)
 

@@ -44,14 +44,25 @@ def _wait_for_signals(response: Any) -> None:
 
   Python runs signal handlers on the main thread only, when it next executes bytecode; the kernel may deliver the
   signal to any of the save's threads, and a main thread blocked in one long wait then ran the handler (which
-  cancels the save) only once the whole checkpoint was committed: interrupted, yet complete and exit 0.
+  cancels the save) only once the whole checkpoint was committed: interrupted, yet complete and exit 0. The wait
+  itself runs on a thread of its own, so that no error the save raised is taken for the poll's own timeout:
+  polling `result(timeout=...)` read a save that had failed with TimeoutError as one still running, and raised
+  that same error again at every poll, its traceback growing by a few frames each time (18 GB in ten minutes).
   """
-  while True:
+  failed: list[BaseException] = []
+
+  def wait() -> None:
     try:
-      response.result(timeout=_SIGNAL_POLL_S)
-      return
-    except TimeoutError:
-      continue
+      response.result()
+    except BaseException as e:  # pylint: disable=broad-except  # Raised below, on the caller's thread.
+      failed.append(e)
+
+  waiter = threading.Thread(target=wait, name="hf2maxtext-save-wait", daemon=True)
+  waiter.start()
+  while waiter.is_alive():
+    waiter.join(_SIGNAL_POLL_S)
+  if failed:
+    raise failed[0]
 
 
 def save(

@@ -101,5 +101,53 @@ class OrbaxWriterTest(absltest.TestCase):
     self.assertLen(signalled, 1)
 
 
+class _Response:
+  """An Orbax save response whose save ends after `seconds`, returning or raising `error`."""
+
+  def __init__(self, seconds: float, error: BaseException | None = None):
+    self._done = threading.Timer(seconds, lambda: None)
+    self._done.start()
+    self._error = error
+    self.raised = 0
+
+  def result(self, timeout: float | None = None) -> bool:
+    self._done.join(timeout)
+    if self._done.is_alive():
+      raise TimeoutError()  # The poll's own timeout: the save goes on.
+    if self._error is not None:
+      self.raised += 1
+      raise self._error
+    return True
+
+
+class WaitForSignalsTest(absltest.TestCase):
+
+  def test_a_save_that_ends_well_returns(self):
+    orbax_writer._wait_for_signals(_Response(0.3))  # pylint: disable=protected-access
+
+  def test_a_save_that_failed_with_a_timeout_is_raised_once(self):
+    # Orbax fails a save that outlives its own timeout with TimeoutError; the wait took it for its poll's and
+    # asked again forever, the same error's traceback growing at every raise.
+    response, raised = _Response(0.3, TimeoutError("Overall save timeout exceeded.")), []
+
+    def wait() -> None:
+      try:
+        orbax_writer._wait_for_signals(response)  # pylint: disable=protected-access
+      except TimeoutError as e:
+        raised.append(e)
+
+    waiter = threading.Thread(target=wait, daemon=True)
+    waiter.start()
+    waiter.join(10)
+    self.assertFalse(waiter.is_alive(), "still waiting on a save that has failed")
+    self.assertEqual([str(e) for e in raised], ["Overall save timeout exceeded."])
+    self.assertEqual(response.raised, 1)
+
+  def test_the_save_is_not_limited_to_orbax_default_twenty_minutes(self):
+    from handlers import registry  # pylint: disable=g-import-not-at-top
+
+    self.assertGreaterEqual(registry.lazy_tensor_context().asynchronous.timeout_secs, 7 * 24 * 3600)
+
+
 if __name__ == "__main__":
   absltest.main()
