@@ -23,11 +23,15 @@ import ctypes.util
 import os
 import sys
 import threading
+import time
 
 from absl import logging
 
 DEFAULT_WINDOW = 32 << 20
 DEFAULT_LAG = 3
+# A directory watcher sleeps at least this many times as long as its last round took: at most a fifth of a core.
+_ROUND_SHARE = 4
+_SETTLED_S = 5.0  # How long a data file written behind whole is watched for more bytes.
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _WAIT_BEFORE = 1
 _WRITE = 2
@@ -145,10 +149,12 @@ class WriteBehindDirectory:
     self._directory = directory
     self._data_dirs = data_dirs
     self._interval = interval
-    # By (device, inode): Orbax renames the directories at its commit. Open files; and the sizes of files written
-    # behind whole and closed (one that grows again is opened again).
-    self._open: dict[tuple[int, int], _Behind] = {}
-    self._done: dict[tuple[int, int], int] = {}
+    # By inode (one output is on one filesystem): Orbax renames the directories at its commit. Open files; and the
+    # files written behind whole and closed, with their size and when: one that grows again is opened again, until
+    # it has been left alone for _SETTLED_S, after which it is not looked at again (a whole giant model leaves
+    # about 100,000 data files, and a stat of each every round took most of a core).
+    self._open: dict[int, _Behind] = {}
+    self._done: dict[int, tuple[int, float]] = {}
     self._stop = threading.Event()
     self._thread = threading.Thread(target=self._run, name="hf2maxtext-write-behind", daemon=True)
 
@@ -167,38 +173,54 @@ class WriteBehindDirectory:
 
   def _run(self) -> None:
     try:
-      while not self._stop.wait(self._interval):
+      pause = self._interval
+      while not self._stop.wait(pause):
+        started = time.monotonic()
         self._round()
+        pause = max(self._interval, _ROUND_SHARE * (time.monotonic() - started))  # Listing grows with the files.
     except Exception as e:  # pylint: disable=broad-except
       logging.warning("writing %s behind stopped: %s: %s", self._directory, type(e).__name__, e)
 
   def _round(self) -> None:
-    for path in self._data_files():
-      try:
-        stat = os.stat(path)
-      except FileNotFoundError:  # Renamed with its directory (Orbax's commit) since the listing.
-        continue
-      key = (stat.st_dev, stat.st_ino)
-      if self._done.get(key) == stat.st_size:
-        continue
-      behind = self._open.get(key)
+    now = time.monotonic()
+    for path, inode in self._data_files():
+      done = self._done.get(inode)
+      if done is not None:
+        if now - done[1] > _SETTLED_S:
+          continue
+        try:
+          if os.stat(path).st_size == done[0]:
+            continue
+        except FileNotFoundError:  # Renamed with its directory (Orbax's commit) since the listing.
+          continue
+      behind = self._open.get(inode)
       if behind is None:
         try:
-          behind = self._open[key] = _Behind(os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)))
-        except FileNotFoundError:
+          behind = self._open[inode] = _Behind(os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)))
+        except FileNotFoundError:  # Renamed with its directory (Orbax's commit) since the listing.
           continue
       behind.drop(behind.started)  # What the last round started.
       size = os.fstat(behind.fd).st_size
       if behind.dropped == size:  # Nothing new since the last round, and all of it on disk: finished.
         os.close(behind.fd)
-        del self._open[key]
-        self._done[key] = size
+        del self._open[inode]
+        self._done[inode] = (size, now)
         continue
       behind.start(size)
 
-  def _data_files(self) -> list[str]:
-    found = []
-    for parent, _, names in os.walk(self._directory):
-      if os.path.basename(parent) in self._data_dirs:
-        found.extend(os.path.join(parent, name) for name in names)
+  def _data_files(self) -> list[tuple[str, int]]:
+    """(path, inode) of every file in a data directory below the output, from the listings alone (no stat)."""
+    found, directories = [], [self._directory]
+    while directories:
+      directory = directories.pop()
+      try:
+        entries = list(os.scandir(directory))
+      except (FileNotFoundError, NotADirectoryError):  # Renamed (Orbax's commit) since its parent was listed.
+        continue
+      data = os.path.basename(directory) in self._data_dirs
+      for entry in entries:
+        if entry.is_dir(follow_symlinks=False):
+          directories.append(entry.path)
+        elif data:
+          found.append((entry.path, entry.inode()))
     return found
