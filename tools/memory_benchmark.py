@@ -194,7 +194,7 @@ def main(argv: Sequence[str]) -> None:
   page = open(page_path).read() if os.path.exists(page_path) else ""
   if RESULTS_MARKER not in page:
     page = (f"{RESULTS_TITLE}\n\nWritten by `tools/memory_benchmark.py` at the end of every run (what it measures:"
-            " [memory-and-streaming.md](memory-and-streaming.md#flat-to-the-last-byte)).\n\n{RESULTS_MARKER}\n")
+            f" [memory-and-streaming.md](memory-and-streaming.md#flat-to-the-last-byte)).\n\n{RESULTS_MARKER}\n")
   head, earlier = page.split(RESULTS_MARKER, 1)
   with open(page_path + ".tmp", "w") as f:
     f.write(f"{head}{RESULTS_MARKER}\n\n{section.rstrip()}\n{earlier}")
