@@ -162,19 +162,21 @@ def render_run_section(tables: Sequence[ResultTable], started: datetime.datetime
   return "\n".join(parts) + "\n"
 
 
-def add_run_to_results_page(page: str | None, section: str) -> str:
-  """The results page with `section` added as its newest run: below the page's marker line, above every earlier
-  run. A missing page (None or empty) is started with its title; a page without the marker (edited by hand) keeps
-  its text below the new title, marker and section."""
-  if page and RESULTS_PAGE_MARKER in page:
-    head, earlier = page.split(RESULTS_PAGE_MARKER, 1)
+def add_run_to_results_page(page: str | None, section: str, head: str | None = None,
+                            marker: str = RESULTS_PAGE_MARKER) -> str:
+  """The results page with `section` added as its newest run: below the page's `marker` line, above every earlier
+  run. A missing page (None or empty) is started with `head` (by default this benchmark's title and introduction);
+  a page without the marker (edited by hand) keeps its text below the new head, marker and section."""
+  if page and marker in page:
+    head, earlier = page.split(marker, 1)
   else:
-    head = (f"{RESULTS_PAGE_TITLE}\n\nWritten by `tools/benchmark.py` at the end of every run; what the columns mean"
-            " and how to run it: [benchmarks.md](benchmarks.md). Compare ratios within one run, not walls across"
-            " runs or machines.\n\n")
+    if head is None:
+      head = (f"{RESULTS_PAGE_TITLE}\n\nWritten by `tools/benchmark.py` at the end of every run; what the columns"
+              " mean and how to run it: [benchmarks.md](benchmarks.md). Compare ratios within one run, not walls"
+              " across runs or machines.\n\n")
     earlier = page or ""
   earlier = earlier.strip("\n")
-  return f"{head}{RESULTS_PAGE_MARKER}\n\n{section.rstrip(chr(10))}\n" + (f"\n{earlier}\n" if earlier else "")
+  return f"{head}{marker}\n\n{section.rstrip(chr(10))}\n" + (f"\n{earlier}\n" if earlier else "")
 
 
 def machine_description() -> str:

@@ -39,6 +39,7 @@ from tools.benchmark import (
     _children_cpu_seconds,
     _dry_run_lines,
     _du,
+    add_run_to_results_page,
     machine_description,
     print_table,
     render_run_section,
@@ -191,13 +192,11 @@ def main(argv: Sequence[str]) -> None:
   command = "bazel run //tools:memory_benchmark -- " + shlex.join(sys.argv[1:])
   section = render_run_section([table], started, machine_description(), command)
   page_path = _page_path(FLAGS.results_page)
-  page = open(page_path).read() if os.path.exists(page_path) else ""
-  if RESULTS_MARKER not in page:
-    page = (f"{RESULTS_TITLE}\n\nWritten by `tools/memory_benchmark.py` at the end of every run (what it measures:"
-            f" [memory-and-streaming.md](memory-and-streaming.md#flat-to-the-last-byte)).\n\n{RESULTS_MARKER}\n")
-  head, earlier = page.split(RESULTS_MARKER, 1)
+  page = open(page_path).read() if os.path.exists(page_path) else None
+  head = (f"{RESULTS_TITLE}\n\nWritten by `tools/memory_benchmark.py` at the end of every run (what it measures:"
+          " [memory-and-streaming.md](memory-and-streaming.md#flat-to-the-last-byte)).\n\n")
   with open(page_path + ".tmp", "w") as f:
-    f.write(f"{head}{RESULTS_MARKER}\n\n{section.rstrip()}\n{earlier}")
+    f.write(add_run_to_results_page(page, section, head, RESULTS_MARKER))
   os.replace(page_path + ".tmp", page_path)
   print(f"added to {page_path}", flush=True)
 
