@@ -46,9 +46,11 @@ def verify_checkpoint(
   reader = CheckpointReader(items_path)
   mismatches: list[str] = []
   blocks = total = 0
-  lazies, block_shapes, indices, sizes = write_blocks(plan, max_inflight_bytes)
-  owner = iter(shares.owners(sizes, processes.count))
-  mine = [[index for index in leaf_indices if next(owner) == processes.index] for leaf_indices in indices]
+  lazies, block_shapes, located, sizes = write_blocks(plan, max_inflight_bytes)
+  mine: list[list] = [[] for _ in lazies]
+  for (leaf, index), owner in zip(located, shares.owners(sizes, processes.count)):
+    if owner == processes.index:
+      mine[leaf].append(index)
   for leaf, lazy, block, leaf_indices in zip(plan.leaves, lazies, block_shapes, mine):
     if not leaf_indices:
       continue

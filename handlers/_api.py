@@ -20,7 +20,7 @@ from handlers.leaf_handler import (
 from handlers import shares
 from handlers.shares import Processes
 from handlers.registry import ITEMS, build_lazy_tensor_checkpointables_registry, lazy_tensor_context
-from handlers.storage_context import add_tensorstore_resources
+from handlers.storage_context import configure_saves
 from handlers.tree_handler import LazyTensorPyTreeHandler, unhandled_leaves
 from handlers.v0_registration import LazyTensorV0Handler, register_v0_type_handler
 from handlers.write_options import DEFAULT_MAX_INFLIGHT_BYTES, BlockWritten, SaveCancelled, WriteOptions
@@ -28,7 +28,7 @@ from handlers.write_options import DEFAULT_MAX_INFLIGHT_BYTES, BlockWritten, Sav
 register_v0_type_handler()
 
 __all__ = [
-    "add_tensorstore_resources",
+    "configure_saves",
     "shares",
     "BlockWritten",
     "DEFAULT_MAX_INFLIGHT_BYTES",

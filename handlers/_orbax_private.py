@@ -42,6 +42,30 @@ def add_to_default_ts_contexts(resources: dict) -> None:
   _ts_utils._DEFAULT_OCDBT_TS_CONTEXT.update(resources)  # pylint: disable=protected-access
 
 
+_stock_ocdbt_kvstore_tspec = _ts_utils._build_ocdbt_kvstore_tspec  # pylint: disable=protected-access
+
+
+def configure_process_btree_nodes(max_decoded_node_bytes: int | None) -> None:
+  """Caps the B-tree nodes of every per-process OCDBT database this process writes from now on (None: Orbax's
+  100 MB, which keeps a whole checkpoint's index in one leaf that every commit rewrites).
+
+  Orbax writes each process's arrays into a database of its own (`ocdbt.process_N`) and, once all are written,
+  copies their entries into the checkpoint's database in one transaction (`merge_ocdbt_per_process_files`),
+  whose nodes keep Orbax's size: readers traverse that one. Readers take a database's configuration from its
+  manifest, so stock Orbax and MaxText read either. Orbax builds every OCDBT kvstore spec in one function
+  (`tensorstore_utils._build_ocdbt_kvstore_tspec`) with the configuration fixed; it is wrapped, once, for the
+  whole process."""
+
+  def build(directory, name=None, *, process_spec=None, write_options=None, **kwargs):
+    spec = _stock_ocdbt_kvstore_tspec(directory, name, process_spec=process_spec, write_options=write_options,
+                                      **kwargs)
+    if max_decoded_node_bytes is not None and process_spec is not None and "config" in spec:
+      spec["config"] = {**spec["config"], "max_decoded_node_bytes": max_decoded_node_bytes}
+    return spec
+
+  _ts_utils._build_ocdbt_kvstore_tspec = build  # pylint: disable=protected-access
+
+
 def create_array_metadata_dir(array_metadata_store, checkpoint_dir) -> Awaitable[None]:
   """Creates the directory `array_metadata_store.write` later writes each process's file into (the primary's
   part of its `_maybe_create_base_dir`, which the other processes wait for by polling)."""

@@ -14,7 +14,7 @@ from absl.testing import absltest  # pylint: disable=g-import-not-at-top
 from handlers import LazyTensor, ShardedLazyTensor  # pylint: disable=g-import-not-at-top
 from handlers import _orbax_private  # pylint: disable=g-import-not-at-top
 from handlers.blocks import (  # pylint: disable=g-import-not-at-top
-    blocks_in_order, inner_chunk_shape, plan_blocks, write_block_shape, write_shape)
+    blocks_in_order, inner_chunk_shape, plan_blocks, write_block_shape, write_order, write_shape)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,13 +140,19 @@ class BlocksInOrderTest(absltest.TestCase):
               LazyTensor("wo", (6144, 2048), np.float16, RowSlabs((6144, 2048), 1365), chunk_shape=(6144, 32)),
               LazyTensor("n", (8,), np.float32, lambda: np.zeros(8, np.float32))]
     for target in (1 << 16, 1 << 24):
-      _, indices, sizes = plan_blocks(values, target)
-      planned = [(leaf, index, nbytes) for (leaf, index), nbytes in
-                 zip([(leaf, index) for leaf, leaf_indices in enumerate(indices) for index in leaf_indices], sizes)]
+      _, located, sizes = plan_blocks(values, target)
+      planned = [(leaf, index, nbytes) for (leaf, index), nbytes in zip(located, sizes)]
       in_order = [(next(i for i, v in enumerate(values) if v is lazy), index, nbytes)
                   for lazy, index, nbytes in blocks_in_order(values, target)]
       self.assertEqual(in_order, planned)
       self.assertGreater(len(planned), len(values))
+
+  def test_the_largest_leaves_are_written_last_ties_in_tree_order(self):
+    values = [LazyTensor(name, shape, np.float32, lambda: None)
+              for name, shape in (("big", (64, 64)), ("small", (4,)), ("mid_a", (8, 8)), ("mid_b", (64,)))]
+    self.assertEqual(write_order([v.nbytes for v in values]), [1, 2, 3, 0])
+    _, located, _ = plan_blocks(values, 1 << 10)
+    self.assertEqual([values[leaf].name for leaf, _ in located], ["small", "mid_a", "mid_b", "big"])
 
 
 if __name__ == "__main__":

@@ -35,12 +35,12 @@ class Rows:
 
 def _tensors(reads, **kwargs):
   return [LazyTensor("a", (6, 4), np.float32, Rows(6, 0, reads, **kwargs)),
-          LazyTensor("b", (4, 4), np.float32, Rows(4, 1, reads))]
+          LazyTensor("b", (8, 4), np.float32, Rows(8, 1, reads))]  # Larger: written after `a`.
 
 
 def _writer_order(values, budget):
-  _, indices, _ = plan_blocks(values, block_target_bytes(budget))
-  return [(lazy, index) for lazy, leaf_indices in zip(values, indices) for index in leaf_indices]
+  _, located, _ = plan_blocks(values, block_target_bytes(budget))
+  return [(values[leaf], index) for leaf, index in located]
 
 
 class EarlyReadsTest(absltest.TestCase):
@@ -51,7 +51,7 @@ class EarlyReadsTest(absltest.TestCase):
     early = EarlyReads(values, BUDGET)
     self.assertTrue(early.join(10))
     order = _writer_order(values, BUDGET)
-    self.assertLen(order, 5)  # Three blocks of `a` and the first of `b` fit the budget; the second of `b` not.
+    self.assertLen(order, 7)  # Three blocks of `a` and the first of `b` fit the budget; the second of `b` not.
     self.assertEqual(early.read_bytes, BUDGET)
     for lazy, index in order[:4]:
       np.testing.assert_array_equal(early.take(lazy.name, index).result(), lazy.loader.values[index])

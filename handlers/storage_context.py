@@ -15,14 +15,22 @@ from handlers import _orbax_private
 # no longer listed its bucket (integration_tests/gcs_test.py, GcsOutageTest), not yet understood.
 SAVE_BTREE_CACHE_BYTES = 0
 ORBAX_BTREE_CACHE_BYTES = 100_000_000
+# The same copy-on-write rewrites each commit's path through the tree, and Orbax lets a node grow to 100 MB
+# decoded: a process's whole index was one leaf, rewritten whole at every commit (a whole DeepSeek-V3, 1.3 TB of
+# zeros, left 14 GB of superseded leaves beside almost no data), its decoded copy growing with the bytes written.
+# Capped, a commit rewrites a leaf of at most this size and the nodes above it. Only the per-process databases are
+# capped: the checkpoint's own, which readers traverse, is written once when Orbax merges them and keeps Orbax's.
+SAVE_BTREE_NODE_BYTES = 16 << 10
 
 
-def add_tensorstore_resources(resources: dict[str, Any], *, cache_btree_nodes: bool = False) -> None:
-  """Adds context resources (e.g. `gcs_request_retries`, so that a storage outage fails a save in bounded time
-  instead of tensorstore's default of about 15 minutes of retries) to every context Orbax opens arrays with, and
-  sizes the B-tree node cache: `SAVE_BTREE_CACHE_BYTES`, or Orbax's own with `cache_btree_nodes`."""
+def configure_saves(resources: dict[str, Any], *, cache_btree_nodes: bool = False) -> None:
+  """Sets what every save from this process uses from now on: context resources (e.g. `gcs_request_retries`, so
+  that a storage outage fails a save in bounded time instead of tensorstore's default of about 15 minutes of
+  retries) added to every context Orbax opens arrays with; the B-tree node cache, `SAVE_BTREE_CACHE_BYTES` or
+  Orbax's own with `cache_btree_nodes`; and the B-tree nodes of each process's database, `SAVE_BTREE_NODE_BYTES`."""
   cache = ORBAX_BTREE_CACHE_BYTES if cache_btree_nodes else SAVE_BTREE_CACHE_BYTES
   _orbax_private.add_to_default_ts_contexts({"cache_pool#ocdbt": {"total_bytes_limit": cache}, **resources})
+  _orbax_private.configure_process_btree_nodes(SAVE_BTREE_NODE_BYTES)
 
 
 def save_context() -> Any:

@@ -105,8 +105,7 @@ async def write_lazy_tensors(
     if not task.cancelled() and task.exception() is not None:
       errors.append(task.exception())
 
-  blocks, indices, sizes = plan_blocks(values, block_target_bytes(options.max_inflight_bytes))
-  located = [(leaf, index) for leaf, leaf_indices in enumerate(indices) for index in leaf_indices]
+  blocks, located, sizes = plan_blocks(values, block_target_bytes(options.max_inflight_bytes))
   opened: dict[int, tuple[ts.TensorStore, Any]] = {}
 
   async def opened_leaf(leaf: int) -> tuple[ts.TensorStore, Any]:

@@ -28,7 +28,7 @@ from handlers import (
     Processes,
     SaveCancelled,
     WriteOptions,
-    add_tensorstore_resources,
+    configure_saves,
     brief_error,
     lazy_tensor_context,
     unhandled_leaves,
@@ -84,7 +84,7 @@ def save(
     unhandled = unhandled_leaves(tree)
     if unhandled:
       raise ConversionError(f"{output_dir}: no Orbax leaf handler for: {'; '.join(unhandled[:5])}")
-    add_tensorstore_resources(storage.tensorstore_resources(), cache_btree_nodes=storage.is_remote(output_dir))
+    configure_saves(storage.tensorstore_resources(), cache_btree_nodes=storage.is_remote(output_dir))
     write_options = WriteOptions(max_inflight_bytes=options.max_inflight_bytes, on_block_written=on_block_written,
                                  cancel=cancel, processes=processes, claims=processes_lib.claims(processes),
                                  compression=options.compression, zstd_level=options.zstd_level or plan.zstd_level,

@@ -10,7 +10,7 @@ import numpy as np
 
 from converter.errors import ConversionError
 from converter.planning.plan import Leaf, Plan
-from handlers.blocks import block_target_bytes, plan_blocks
+from handlers.blocks import block_target_bytes, plan_blocks, write_order
 from handlers.early_reads import EarlyReads
 from handlers.lazy_tensor import LazyTensor, ShardedLazyTensor
 from handlers.shares import Processes
@@ -38,7 +38,8 @@ def _sharded_lazy_tensor(leaf: Leaf, sharding: Any) -> ShardedLazyTensor:
 
 def write_blocks(plan: Plan, max_inflight_bytes: int):
   """Every leaf's lazy tensor, and the writer's cut of them under this budget (handlers.blocks.plan_blocks:
-  each leaf's block shape and block indices, and every block's bytes)."""
+  each leaf's block shape; every block as (leaf's position, index) and its bytes, in the order they are
+  written)."""
   lazies = [lazy_tensor(leaf) for leaf in plan.leaves]
   return (lazies, *plan_blocks(lazies, block_target_bytes(max_inflight_bytes)))
 
@@ -70,8 +71,10 @@ class _DeviceShards:
 
 
 def in_writing_order(plan: Plan) -> list[Leaf]:
-  """The leaves in the order Orbax hands them to the writer: its tree's, keys sorted at every level."""
-  return sorted(plan.leaves, key=lambda leaf: leaf.path)
+  """The leaves in the order the writer writes them (`handlers.blocks.write_order` of the order Orbax hands them
+  over: its tree's, keys sorted at every level)."""
+  tree_order = sorted(plan.leaves, key=lambda leaf: leaf.path)
+  return [tree_order[i] for i in write_order([leaf.nbytes for leaf in tree_order])]
 
 
 def read_early(plan: Plan, *, devices: int, max_inflight_bytes: int) -> EarlyReads:

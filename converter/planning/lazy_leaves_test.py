@@ -12,7 +12,7 @@ from converter.planning import lazy_leaves
 from converter.errors import ConversionError  # pylint: disable=g-import-not-at-top
 from converter.options import PlanOptions  # pylint: disable=g-import-not-at-top
 from handlers import LazyTensor, Processes, ShardedLazyTensor  # pylint: disable=g-import-not-at-top
-from handlers.blocks import block_target_bytes, blocks_in_order  # pylint: disable=g-import-not-at-top
+from handlers.blocks import block_target_bytes, blocks_in_order, write_order  # pylint: disable=g-import-not-at-top
 
 
 class LazyLeavesTest(absltest.TestCase):
@@ -58,6 +58,9 @@ class LazyLeavesTest(absltest.TestCase):
       early = lazy_leaves.read_early(self.plan, devices=devices, max_inflight_bytes=1 << 20)
       self.assertTrue(early.join(30))
       writing = [by_name[lazy_leaves.lazy_tensor(leaf).name] for leaf in lazy_leaves.in_writing_order(self.plan)]
+      in_tree = [v for v in jax.tree_util.tree_leaves(tree) if isinstance(v, LazyTensor)]  # Orbax's order.
+      self.assertEqual([v.name for v in writing], [in_tree[i].name for i in write_order([v.nbytes for v in in_tree])])
+      self.assertNotEqual([v.name for v in writing], [v.name for v in in_tree])  # The order is the writer's own.
       cut = [(lazy.name, tuple((s.start, s.stop) for s in index))
              for lazy, index, _ in blocks_in_order(writing, block_target_bytes(1 << 20))]
       taken = [early.take(name, tuple(slice(*bounds) for bounds in index)) for name, index in cut]
