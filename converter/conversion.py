@@ -19,7 +19,7 @@ from converter.errors import ConversionError
 from converter.families import ResolvedModel
 from converter.model_config import load_model_config
 from converter.options import PlanOptions, RunContext, SaveOptions
-from converter.output.record import ConversionRecord
+from converter.output.record import conversion_record
 from converter.planning.plan import Plan, alias_renamer, build_plan
 from converter.sources import lora
 from handlers.early_reads import EarlyReads
@@ -111,7 +111,7 @@ def save_plan(plan: Plan, output_dir: str, save_options: SaveOptions | None = No
 
   overrides = plan.runtime.config.overrides()
   written = MaxTextOutput(output_dir, run or RunContext()).write(plan, save_options or SaveOptions(),
-                                                                 ConversionRecord.of_plan(plan, overrides))
+                                                                 conversion_record(plan, overrides))
   return ConversionResult(plan, written.items_path, overrides, written.resumed_blocks, written.written_bytes)
 
 

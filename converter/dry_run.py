@@ -9,7 +9,6 @@ from converter.layout import chunking
 from converter.planning import loaders
 from converter.planning.lazy_leaves import write_blocks
 from converter.planning.plan import Plan
-from converter.sources.maxtext import MaxTextSource
 from handlers.blocks import inner_chunk_shape, write_shape
 
 # Fitted to the peaks tools/benchmark.py and tools/memory_benchmark.py measure beside each prediction
@@ -39,7 +38,7 @@ def predicted_peak_bytes(plan: Plan, baseline_bytes: int, max_inflight_bytes: in
     _, block_shapes, _, _ = write_blocks(plan, max_inflight_bytes)
   largest_block = max(math.prod(block) * leaf.dtype.itemsize for leaf, block in zip(plan.leaves, block_shapes))
   inflight = min(max(max_inflight_bytes, largest_block), plan.total_bytes)
-  read_cache = plan.source.read_cache_bytes if isinstance(plan.source, MaxTextSource) else 0
+  read_cache = plan.source.read_cache_bytes
   return int(baseline_bytes + WRITER_BYTES + INFLIGHT_OVERHEAD * inflight + read_cache)
 
 

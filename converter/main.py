@@ -184,7 +184,7 @@ def _run_context(**kwargs) -> RunContext:
 def _run_to_huggingface() -> None:
   if _several_processes():  # JAX only joins them: arrays are read slice by slice into numpy, never onto devices.
     _start_jax(1, distributed=True)
-  from converter import to_huggingface  # pylint: disable=g-import-not-at-top
+  from converter.reverse import to_huggingface  # pylint: disable=g-import-not-at-top
 
   _start_up_done()
 
@@ -228,9 +228,9 @@ def _run_to_huggingface() -> None:
 
 
 def _export_lora_adapter(options: ReverseOptions, run: RunContext, start: float) -> None:
-  from converter.lora import lora_export  # pylint: disable=g-import-not-at-top
+  from converter.reverse import lora_adapter  # pylint: disable=g-import-not-at-top
 
-  export = lora_export.export_lora_adapter(_resolve(FLAGS.checkpoint_path), _resolve(FLAGS.output_dir), options, run)
+  export = lora_adapter.export_lora_adapter(_resolve(FLAGS.checkpoint_path), _resolve(FLAGS.output_dir), options, run)
   print(f"family:        {export.family}, target model {export.target_model}")
   print(f"lora:          {len(export.modules)} modules, r {export.rank}, lora_alpha {export.alpha:g}"
         f" ({export.dtype.name})")
@@ -378,18 +378,22 @@ def _write_lora_checkpoint() -> None:
         f" {checkpoint.alpha:g}), {'scanned' if FLAGS.scan_layers else 'unscanned'}, for {checkpoint.target_model}")
   print(f"seconds:       {time.monotonic() - start:.2f}")
   print(f"output:        {items}")
-  print(f"MaxText:       lora.enable_lora=true lora.lora_restore_path={items} (rank and alpha from its metadata)")
+  # MaxText 0.2.5's SFT applies LoRA before it reads the checkpoint's metadata: rank and alpha must be passed too.
+  print(f"MaxText:       lora.enable_lora=true lora.lora_rank={checkpoint.rank} lora.lora_alpha={checkpoint.alpha:g}"
+        f" lora.lora_restore_path={items}")
 
 
 def _print_lora(plan) -> None:
-  """The adapter a conversion merged (--lora_adapter_path), when it merged one."""
-  from converter.sources.lora import LoraMergedSource  # pylint: disable=g-import-not-at-top
-
-  if isinstance(plan.source, LoraMergedSource):
-    adapter = plan.source.adapter
-    print(f"lora:          {len(adapter.modules)} modules of {adapter.location} merged (r {adapter.rank},"
-          f" lora_alpha {adapter.alpha:g}{', rsLoRA' if adapter.use_rslora else ''}"
-          f"{', rank/alpha patterns' if adapter.rank_pattern or adapter.alpha_pattern else ''})")
+  """The adapter a conversion merged (--lora_adapter_path, or --lora_checkpoint_path into a MaxText checkpoint), as
+  its record keeps it."""
+  lora = plan.source.facts.lora_adapter
+  if FLAGS.lora_checkpoint_path:
+    print(f"lora:          {len(lora['modules'])} modules merged, r {lora['r']}, lora_alpha {lora['lora_alpha']:g},"
+          f" from {lora['lora_checkpoint_path']}")
+  elif FLAGS.lora_adapter_path:
+    print(f"lora:          {len(lora['modules'])} modules of {lora['path']} merged (r {lora['r']},"
+          f" lora_alpha {lora['lora_alpha']:g}{', rsLoRA' if lora['use_rslora'] else ''}"
+          f"{', rank/alpha patterns' if lora['rank_pattern'] or lora['alpha_pattern'] else ''})")
 
 
 def _start_up_done() -> None:

@@ -17,7 +17,7 @@ from absl.testing import absltest
 
 from converter.layout import chunking
 from converter.sources.checkpoint_reader import CheckpointReader
-from converter.output.record import ConversionRecord
+from converter.checkpoint_format.record import ConversionRecord
 from integration_tests import harness
 from tools import gcs_emulator, synthetic_checkpoint
 from tools.request_proxy import RequestProxy

@@ -16,10 +16,11 @@ from integration_tests import harness
 
 harness.start_jax()
 
-from converter import conversion, to_huggingface  # pylint: disable=g-import-not-at-top
+from converter import conversion  # pylint: disable=g-import-not-at-top
+from converter.reverse import to_huggingface  # pylint: disable=g-import-not-at-top
 from converter.layout import chunking, layout_inspection
 from converter.options import PlanOptions, ReverseOptions, SaveOptions  # pylint: disable=g-import-not-at-top
-from converter.output.record import ConversionRecord  # pylint: disable=g-import-not-at-top
+from converter.checkpoint_format.record import ConversionRecord  # pylint: disable=g-import-not-at-top
 from tools import checkpoint_io, validate_lib  # pylint: disable=g-import-not-at-top
 from tools.testing import tiny_models
 

@@ -17,7 +17,7 @@ harness.start_jax()
 
 import numpy as np  # pylint: disable=g-import-not-at-top,g-bad-import-order
 
-from converter.output.record import ConversionRecord  # pylint: disable=g-import-not-at-top
+from converter.checkpoint_format.record import ConversionRecord  # pylint: disable=g-import-not-at-top
 from tools import checkpoint_io, validate_lib  # pylint: disable=g-import-not-at-top
 from tools.testing import tiny_models
 

@@ -23,7 +23,7 @@ from integration_tests import fixtures, harness
 harness.start_jax()
 
 from handlers import LazyTensor, WriteOptions, streaming  # pylint: disable=g-import-not-at-top
-from converter.output.record import ConversionRecord  # pylint: disable=g-import-not-at-top
+from converter.checkpoint_format.record import ConversionRecord  # pylint: disable=g-import-not-at-top
 from tools import checkpoint_io  # pylint: disable=g-import-not-at-top
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 
 from absl.testing import absltest
@@ -23,7 +24,7 @@ harness.start_jax()
 import numpy as np  # pylint: disable=g-import-not-at-top,g-bad-import-order
 from safetensors.numpy import load_file, save_file  # pylint: disable=g-import-not-at-top
 
-from converter.output.record import ConversionRecord  # pylint: disable=g-import-not-at-top
+from converter.checkpoint_format.record import ConversionRecord  # pylint: disable=g-import-not-at-top
 from tools import lora_adapters, validate_lib  # pylint: disable=g-import-not-at-top
 from tools.testing import tiny_models
 
@@ -194,7 +195,9 @@ class LoraAdapterOnlyTest(absltest.TestCase):
                                      "--lora_adapter_only", f"--scan_layers={scan}", "--save_dtype=float32",
                                      f"--output_dir={out}")
       items = os.path.join(out, "0", "items")
-      self.assertIn(f"lora.lora_restore_path={items}", result.stdout)
+      # MaxText's SFT applies LoRA before reading the checkpoint's metadata: the line carries rank and alpha.
+      self.assertIn(f"lora.enable_lora=true lora.lora_rank=4 lora.lora_alpha=12 lora.lora_restore_path={items}",
+                    result.stdout)
       with open(os.path.join(out, "0", "_CHECKPOINT_METADATA")) as f:
         self.assertEqual(json.load(f)["custom_metadata"]["lora"], {"lora_rank": 4, "lora_alpha": 12.0})
       exported = os.path.join(harness.scratch_dir("exported-"), "adapter")
@@ -239,8 +242,11 @@ class LoraMergedBackTest(absltest.TestCase):
     # The same merge into a MaxText checkpoint (--direction=to_maxtext, laid out unscanned): its weights are those
     # merged on the way back (the same float32 sums, in MaxText's axes), and it records the LoRA checkpoint.
     relaid = harness.scratch_dir("merged-maxtext-")
-    harness.run_converter(f"--checkpoint_path={base}", f"--lora_checkpoint_path={lora}", f"--output_dir={relaid}",
-                          "--scan_layers=false", "--save_dtype=float32", "--verify")
+    result = harness.run_converter(f"--checkpoint_path={base}", f"--lora_checkpoint_path={lora}",
+                                   f"--output_dir={relaid}", "--scan_layers=false", "--save_dtype=float32", "--verify")
+    spec = lora_adapters.AdapterSpec()
+    self.assertRegex(result.stdout, rf"lora: +\d+ modules merged, r {spec.r}, lora_alpha {spec.lora_alpha:g}, from .*"
+                                    rf"{re.escape(lora)}")
     record = ConversionRecord.read(os.path.join(relaid, "0", "items"))
     self.assertEqual((record.scan_layers, record.lora_adapter["r"]), (False, lora_adapters.AdapterSpec().r))
     back = os.path.join(harness.scratch_dir("merged-maxtext-hf-"), "hf")

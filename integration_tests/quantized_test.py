@@ -31,7 +31,7 @@ from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
 
 from converter.layout import layout_inspection  # pylint: disable=g-import-not-at-top
 from converter.sources.checkpoint_reader import CheckpointReader  # pylint: disable=g-import-not-at-top
-from converter.output.record import ConversionRecord  # pylint: disable=g-import-not-at-top
+from converter.checkpoint_format.record import ConversionRecord  # pylint: disable=g-import-not-at-top
 from tools import checkpoint_io, quantize, validate_lib  # pylint: disable=g-import-not-at-top
 from tools.testing import tiny_models
 from tools import synthetic_checkpoint  # pylint: disable=g-import-not-at-top

@@ -19,7 +19,7 @@ harness.start_jax()
 import numpy as np  # pylint: disable=g-import-not-at-top,g-bad-import-order
 
 from converter.layout import layout_inspection  # pylint: disable=g-import-not-at-top
-from converter.output.record import ConversionRecord  # pylint: disable=g-import-not-at-top
+from converter.checkpoint_format.record import ConversionRecord  # pylint: disable=g-import-not-at-top
 from tools import checkpoint_io  # pylint: disable=g-import-not-at-top
 from tools.testing import tiny_models
 

@@ -41,7 +41,8 @@ harness.start_jax()
 
 import numpy as np  # pylint: disable=g-import-not-at-top,g-bad-import-order
 
-from converter import ops, reverse_plan, serving_files, to_huggingface  # pylint: disable=g-import-not-at-top
+from converter import ops  # pylint: disable=g-import-not-at-top
+from converter.reverse import reverse_plan, serving_files, to_huggingface  # pylint: disable=g-import-not-at-top
 from converter.sources.checkpoint_reader import CheckpointReader  # pylint: disable=g-import-not-at-top
 from converter.options import ReverseOptions  # pylint: disable=g-import-not-at-top
 from tools import validate_lib  # pylint: disable=g-import-not-at-top
@@ -69,7 +70,7 @@ INEXACT_ALLOWED = r"(\.q_proj\.(weight|bias)|norm\.weight|embed_tokens\.weight)$
 
 
 def _served(model_dir: str) -> list[str]:
-  """The original's files the way back copies besides the weights (converter/serving_files.py)."""
+  """The original's files the way back copies besides the weights (converter/reverse/serving_files.py)."""
   return sorted(n for n in os.listdir(model_dir) if serving_files.is_served(n))
 
 
@@ -187,7 +188,7 @@ class RoundTripTest(parameterized.TestCase):
 
   def assert_layout(self, model_dir: str, back_dir: str, sharded: bool) -> None:
     """The weights in one file or named shards with their index, config.json, and the original's serving files
-    (converter/serving_files.py; save_pretrained writes generation_config.json) byte for byte."""
+    (converter/reverse/serving_files.py; save_pretrained writes generation_config.json) byte for byte."""
     served = _served(model_dir)
     for name in served:
       self.assertTrue(filecmp.cmp(os.path.join(model_dir, name), os.path.join(back_dir, name), shallow=False), name)

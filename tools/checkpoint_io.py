@@ -14,7 +14,7 @@ import orbax.checkpoint as ocp
 
 from converter import storage
 from converter.layout import chunking
-from converter.output.record import ConversionRecord, leaf_name
+from converter.checkpoint_format.record import ConversionRecord, leaf_name
 
 
 def _items_and_step(items_path: str) -> tuple[str, str]:

@@ -16,7 +16,7 @@ import os
 from absl import app, flags
 
 from converter.model_config import load_model_config
-from converter.safetensors_output import (INDEX_FILE, SafetensorsStreamWriter, TensorSpec, assign_shards, index_json,
+from converter.reverse.safetensors_output import (INDEX_FILE, SafetensorsStreamWriter, TensorSpec, assign_shards, index_json,
                                           parse_size, shard_names)
 from converter.sources import open_source
 

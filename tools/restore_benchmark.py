@@ -108,7 +108,7 @@ def _convert_maxtext(hf_dir: str, out: str, model: str, ours: str) -> dict:
   """MaxText's own `to_maxtext` on the same weights (maxtext_convert.py under --maxtext_python), timed as a
   process like `_convert`, with the overrides our conversion to `ours` recorded; then, untimed, its stored tree
   checked against `ours` (leaf paths, shapes, dtypes): a difference stops the benchmark."""
-  from converter.output.record import ConversionRecord  # pylint: disable=g-import-not-at-top
+  from converter.checkpoint_format.record import ConversionRecord  # pylint: disable=g-import-not-at-top
 
   overrides = os.path.join(os.path.dirname(out), "to_maxtext_overrides.json")
   with open(overrides, "w", encoding="utf-8") as f:
@@ -152,7 +152,7 @@ def _stored_bytes(items: str) -> int:
 def _restore(items: str, model: str, mesh: str, ours: str) -> tuple[int, float]:
   """(bytes all processes read, slowest process's seconds) of MaxText restoring `items` on `mesh`, with the
   overrides recorded in `items` (our layouts) or else in `ours` (MaxText's own output records none)."""
-  from converter.output.record import ConversionRecord  # pylint: disable=g-import-not-at-top
+  from converter.checkpoint_format.record import ConversionRecord  # pylint: disable=g-import-not-at-top
 
   overrides = os.path.join(os.path.dirname(items), "overrides.json")
   with open(overrides, "w", encoding="utf-8") as f:

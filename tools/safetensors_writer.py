@@ -10,8 +10,8 @@ from typing import Mapping
 
 import numpy as np
 
-from converter.safetensors_output import TensorSpec
-from converter.safetensors_output import safetensors_header as _header
+from converter.reverse.safetensors_output import TensorSpec
+from converter.reverse.safetensors_output import safetensors_header as _header
 
 
 def safetensors_header(tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str] | None = None) -> bytes:

@@ -13,7 +13,7 @@ import numpy as np
 
 from converter import families
 from converter.model_config import load_model_config
-from converter.output.record import ConversionRecord
+from converter.checkpoint_format.record import ConversionRecord
 from tools import checkpoint_io, forward, quantize, weaver_checkpoint
 
 

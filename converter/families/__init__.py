@@ -11,7 +11,8 @@ import pkgutil
 from typing import Iterable, Sequence
 
 from converter.errors import ConversionError
-from converter.families.base import Alternatives, Family, LayerGroup, Layout, Param, Towers
+from converter.families.base import (TOWER_SUBTREES, Alternatives, Family, LayerGroup, Layout, Param, Towers, leaf_index,
+                                     leaf_shape)
 from converter.families.runtime import Decoder, MaxTextConfig, Runtime
 from converter.model_config import ModelConfig
 
@@ -126,5 +127,5 @@ def resolve(config: ModelConfig, *, target_model: str | None = None, family: str
   return ResolvedModel(fam, config, target, runtime, towers)
 
 
-__all__ = ["FAMILIES", "Alternatives", "Decoder", "Family", "LayerGroup", "Layout", "MaxTextConfig", "Param", "ResolvedModel", "Towers",
+__all__ = ["FAMILIES", "TOWER_SUBTREES", "leaf_index", "leaf_shape", "Alternatives", "Decoder", "Family", "LayerGroup", "Layout", "MaxTextConfig", "Param", "ResolvedModel", "Towers",
            "Runtime", "family_by_name", "family_for_architecture", "resolve", "supported_architectures"]

@@ -2,7 +2,7 @@
 
 A family file describes the tensors outside the layers and, per group of layers, the tensors of one layer;
 `converter/planning/plan.py` does the rest (layer stacking for scanned checkpoints, expert stacking, dtype casts, shape
-checks) once for every family, and `converter/to_huggingface.py` inverts it.
+checks) once for every family, and `converter/reverse/` inverts it.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from converter.model_config import ModelConfig
 from converter.ops import Op
 
 SCAN_AXIS = 1  # MaxText's param_scan_axis: the layer axis of a scanned leaf.
+TOWER_SUBTREES = ("vision_encoder", "audio_encoder")  # MaxText's multimodal encoders, beside decoder/.
 ROTARY_CACHES = {r".*\.rotary_emb\.inv_freq$": ""}  # Recomputed by every model; nothing to convert.
 
 
@@ -181,6 +182,12 @@ class Towers:
   overrides: tuple[tuple[str, Any], ...]
   owns: dict[str, str]
 
+  def renamed(self, rename: Callable[[str], str], owns: dict[str, str]) -> Towers:
+    """The same towers with every HF name passed through `rename` and `owns` the regexes of the renamed tensors
+    (a checkpoint that stores another family's towers under its own names: Weaver's Qwen3-VL), as
+    `Layout.renamed` does for the decoder."""
+    return Towers(tuple(dataclasses.replace(p, hf=rename(p.hf)) for p in self.params), self.overrides, owns)
+
 
 @dataclasses.dataclass(frozen=True)
 class Family:
@@ -222,3 +229,24 @@ class Family:
     """The longest declared prefix `target_model` starts with ("llama3.1-8b" -> "llama3.1")."""
     matches = [t for t in self.targets if target_model == t or target_model.startswith(t + "-")]
     return max(matches, key=len) if matches else ""
+
+
+def leaf_index(param: Param, expert: int | None, position: tuple[int, ...]) -> tuple[Any, ...]:
+  """Index of one HF tensor's slice in the leaf: the expert on axis 0, the layer's position on the stacking axes
+  (none unstacked; (layer,) or (block, layer in block)) from the param's scan axis."""
+  index: list[Any] = [expert] if expert is not None else []
+  if position:
+    index += [slice(None)] * (param.scan_axis - len(index))
+    index[param.scan_axis:param.scan_axis] = list(position)
+  return tuple(index)
+
+
+def leaf_shape(per_tensor: Shape, param: Param, stacking: tuple[int, ...]) -> Shape:
+  """The leaf holding `param`: experts first, then (stacked groups) the stacking axes at the param's scan axis;
+  a param sharing its leaf fills one slot of it."""
+  shape = ((param.experts,) if param.experts else ()) + tuple(per_tensor)
+  if param.leaf_slot is not None:
+    slot = param.leaf_slot
+    axis = slot.axis % len(shape)
+    shape = shape[:axis] + (slot.groups * sum(slot.sizes),) + shape[axis + 1:]
+  return shape[:param.scan_axis] + stacking + shape[param.scan_axis:]

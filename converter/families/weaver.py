@@ -52,9 +52,8 @@ def _runtime(cfg: ModelConfig, target: str) -> Runtime:
 
 
 def _towers(cfg: ModelConfig, target: str) -> Towers:
-  towers = qwen3_vl.FAMILY.towers(_as_qwen3_vl(cfg), target)
-  return Towers(tuple(dataclasses.replace(p, hf=hf_name(p.hf)) for p in towers.params), towers.overrides,
-                {_TOWER: "the vision tower and its patch mergers"})
+  return qwen3_vl.FAMILY.towers(_as_qwen3_vl(cfg), target).renamed(
+      hf_name, {_TOWER: "the vision tower and its patch mergers"})
 
 
 def _check(cfg: ModelConfig, target: str) -> list[str]:

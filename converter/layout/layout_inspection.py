@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from converter.layout import chunking, logical_axes
 from converter.sources.checkpoint_reader import CheckpointReader
-from converter.output.record import ConversionRecord, leaf_name
+from converter.checkpoint_format.record import ConversionRecord, leaf_name
 
 
 def _axes_from_name(name: str, rank: int) -> tuple[str | None, ...] | None:

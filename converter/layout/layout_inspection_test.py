@@ -10,7 +10,7 @@ from absl.testing import absltest
 from converter import conversion
 from converter.layout import chunking, layout_inspection
 from converter.options import PlanOptions, SaveOptions
-from converter.output import layout
+from converter.checkpoint_format import layout
 
 MODEL = "testdata/tiny-qwen3"
 MESH = chunking.parse_mesh("fsdp=4,tensor=2")

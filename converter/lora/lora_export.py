@@ -1,4 +1,5 @@
-"""MaxText LoRA checkpoints (qwix) as PEFT LoRA adapters, derived from the family layouts.
+"""MaxText LoRA checkpoints (qwix) read as PEFT LoRA factors, derived from the family layouts: planned for the export
+as an adapter (converter/reverse/lora_adapter.py) and for merging into a base (`plan_merge`).
 
 MaxText 0.2.5 trains LoRA through qwix's `LoraProvider`: beside each adapted kernel K (a DenseGeneral weight, the
 family's ops applied to HF's (out, in) weight) it keeps `<kernel>_lora_a` (prod(contracting axes), r) and
@@ -18,24 +19,22 @@ both ways, with no per-family code. Anything else (experts, slots of a shared le
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from typing import Any, Iterator
 
 import numpy as np
 
-from converter import families, storage
+from converter import families
 from converter.arrays import Shape
 from converter.errors import ConversionError
 from converter.families import Param
 from converter.model_config import parse_model_config
 from converter.ops import DivideInFloat32, InterleaveRope, Op, Reshape, ScaleInFloat32, Transpose
-from converter.options import ReverseOptions, RunContext
-from converter.output.huggingface import HuggingFaceOutput
-from converter.output.record import ConversionRecord, step_custom_metadata
-from converter.reverse_plan import hf_config_of, items_path_of, leaf_index
-from converter.safetensors_output import SafetensorsStreamWriter, TensorSpec
-from converter.sources.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, LORA_A, LORA_B, PREFIX, add_update
+from converter.options import ReverseOptions
+from converter.checkpoint_format.record import ConversionRecord, original_config, step_custom_metadata
+from converter.checkpoint_format.layout import items_path_of
+from converter.families import leaf_index
+from converter.sources.lora import add_update
 from converter.sources.maxtext import linen_keys
 
 LORA_A_SUFFIX, LORA_B_SUFFIX = "_lora_a", "_lora_b"
@@ -157,7 +156,7 @@ def plan_adapter_export(checkpoint_path: str, options: ReverseOptions, reader=No
   `base`: the config.json dict (and where it came from) of the base the factors go with, when it is known."""
   items_path = items_path_of(checkpoint_path)
   record = ConversionRecord.read(items_path)
-  hf_config, source = base or hf_config_of(items_path, record, options.hf_config_path)
+  hf_config, source = base or original_config(items_path, record, options.hf_config_path)
   config = parse_model_config(hf_config, source)
   if reader is None:
     from converter.sources.checkpoint_reader import CheckpointReader  # pylint: disable=g-import-not-at-top
@@ -224,52 +223,8 @@ def plan_adapter_export(checkpoint_path: str, options: ReverseOptions, reader=No
                        np.dtype(dtype), str(base))
 
 
-def adapter_config(export: AdapterExport) -> dict[str, Any]:
-  """adapter_config.json: what PEFT needs to load the factors as they are (plain LoRA, scale alpha / r)."""
-  return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": export.base_model,
-          "r": export.rank, "lora_alpha": export.alpha,
-          "target_modules": sorted({m.module.rsplit(".", 1)[-1] for m in export.modules}),
-          "lora_dropout": 0.0, "bias": "none", "use_rslora": False, "use_dora": False, "fan_in_fan_out": False,
-          "modules_to_save": None, "rank_pattern": {}, "alpha_pattern": {}, "init_lora_weights": True,
-          "inference_mode": True}
-
-
-def export_lora_adapter(checkpoint_path: str, output_dir: str, options: ReverseOptions = ReverseOptions(),
-                        run: RunContext = RunContext()) -> AdapterExport:
-  """Writes the MaxText LoRA checkpoint at `checkpoint_path` as a PEFT adapter directory `output_dir`, staged and
-  published whole (converter/output/huggingface.py)."""
-  from converter.sources.checkpoint_reader import CheckpointReader  # pylint: disable=g-import-not-at-top
-
-  items_path = items_path_of(checkpoint_path)
-  reader = CheckpointReader(items_path)
-  export = plan_adapter_export(items_path, options, reader)
-  specs = []
-  for module in export.modules:
-    a_shape = (export.rank, math.prod(module.sides.in_shape))
-    b_shape = (math.prod(module.sides.out_shape), export.rank)
-    specs += [TensorSpec(PREFIX + module.module + LORA_A, a_shape, export.dtype),
-              TensorSpec(PREFIX + module.module + LORA_B, b_shape, export.dtype)]
-
-  def write_factors(directory: str) -> None:
-    writer = SafetensorsStreamWriter(storage.join(directory, ADAPTER_WEIGHTS), specs)
-    try:
-      for module in export.modules:
-        lora_a = _read(reader, module.leaf_a, module.index)
-        lora_b = _read(reader, module.leaf_b, module.index)
-        a, b = peft_factors(module.sides, lora_a, lora_b)
-        writer.write(PREFIX + module.module + LORA_A, a.astype(export.dtype, copy=False))
-        writer.write(PREFIX + module.module + LORA_B, b.astype(export.dtype, copy=False))
-    except BaseException:
-      writer.abort()
-      raise
-    writer.close()
-
-  HuggingFaceOutput(storage.resolve(output_dir), run).write(
-      write_factors, lambda: {ADAPTER_CONFIG: json.dumps(adapter_config(export), indent=2, sort_keys=True) + "\n"})
-  return export
-
-
-def _read(reader, leaf: tuple[str, ...], index: tuple[Any, ...]) -> np.ndarray:
+def read_leaf(reader, leaf: tuple[str, ...], index: tuple[Any, ...]) -> np.ndarray:
+  """`index` of the LoRA checkpoint's leaf `leaf` (a CheckpointReader's)."""
   return reader.open(reader.arrays[leaf], index, 64 << 20).read(index)
 
 
@@ -289,8 +244,8 @@ class Merge:
 
   def merged(self, module: AdapterModule, weight: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """`weight` (HF's (out, in)) plus the module's update, rounded once to `dtype`."""
-    a, b = peft_factors(module.sides, _read(self.reader, module.leaf_a, module.index).astype(np.float32),
-                        _read(self.reader, module.leaf_b, module.index).astype(np.float32))
+    a, b = peft_factors(module.sides, read_leaf(self.reader, module.leaf_a, module.index).astype(np.float32),
+                        read_leaf(self.reader, module.leaf_b, module.index).astype(np.float32))
     merged = weight.astype(np.float32)
     add_update(merged, b, a, self.export.alpha / self.export.rank)
     return merged.astype(dtype)

@@ -15,7 +15,7 @@ from absl import logging
 
 from converter import storage
 from converter.errors import ConversionError
-from converter.output import layout
+from converter.checkpoint_format import layout
 from converter.output import lock as lock_lib
 from converter.output.destination import Journal, Lock, journal_line
 from handlers.write_options import BlockWritten

@@ -17,7 +17,7 @@ from typing import ContextManager, Sequence
 
 from converter import storage
 from converter.errors import ConversionError
-from converter.output import layout
+from converter.checkpoint_format import layout
 from converter.output import lock as lock_lib
 from converter.output.destination import Journal, Lock, journal_line
 from converter.write_behind import WriteBehindDirectory

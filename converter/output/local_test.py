@@ -9,7 +9,7 @@ from absl.testing import absltest
 
 from converter.errors import ConversionError
 from converter.output import local
-from converter.safetensors_output import INDEX_FILE
+from converter.reverse.safetensors_output import INDEX_FILE
 from handlers import BlockWritten
 
 

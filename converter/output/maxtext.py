@@ -15,10 +15,11 @@ import dataclasses
 from converter import storage
 from converter.errors import ConversionError
 from converter.options import RunContext, SaveOptions
-from converter.output import layout, lock, orbax_writer, resume
+from converter.checkpoint_format import layout
+from converter.output import lock, orbax_writer, resume
 from converter.output.destinations import destination_for
 from converter.output.primary import all_then_on_primary, on_primary_then_all
-from converter.output.record import ConversionRecord
+from converter.checkpoint_format.record import ConversionRecord
 from converter.planning.plan import Plan
 from handlers.write_options import BlockWritten
 

@@ -12,7 +12,7 @@ from converter.errors import ConversionError
 from converter.options import PlanOptions, RunContext, SaveOptions
 from converter.output import resume
 from converter.output.maxtext import MaxTextOutput
-from converter.output.record import ConversionRecord
+from converter.output.record import conversion_record
 from tools import checkpoint_io
 from tools.testing.failing_loader import failing
 
@@ -26,7 +26,7 @@ class MaxTextOutputTest(absltest.TestCase):
   def setUpClass(cls):
     super().setUpClass()
     cls.plan = conversion.plan_conversion(MODEL, PlanOptions())
-    cls.record = ConversionRecord.of_plan(cls.plan, {})
+    cls.record = conversion_record(cls.plan, {})
 
   def _out(self) -> str:
     return os.path.join(tempfile.mkdtemp(dir=absltest.get_default_test_tmpdir()), "out")
@@ -71,7 +71,7 @@ class MaxTextOutputTest(absltest.TestCase):
       MaxTextOutput(out, RunContext()).write(failing(self.plan, -1), SAVE, self.record)
     other = conversion.plan_conversion(MODEL, PlanOptions(save_dtype="float32"))
     with self.assertRaisesRegex(ConversionError, "cannot resume: the inputs or the plan changed"):
-      MaxTextOutput(out, RunContext(resume=True)).write(other, SAVE, ConversionRecord.of_plan(other, {}))
+      MaxTextOutput(out, RunContext(resume=True)).write(other, SAVE, conversion_record(other, {}))
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from converter import storage
 from converter.errors import ConversionError
 from converter.planning.lazy_leaves import lazy_tree
 from converter.options import SaveOptions
-from converter.output import layout
+from converter.checkpoint_format import layout
 from converter.output.destination import Destination
 from converter.planning.plan import Plan
 from handlers import (

@@ -34,7 +34,7 @@ from converter import storage
 from converter.arrays import Shape
 from converter.errors import ConversionError
 from converter.planning.loader import Loader
-from converter.output import layout as orbax_layout
+from converter.checkpoint_format import layout as orbax_layout
 from converter.output.destination import Destination, Journal
 from converter.output.primary import on_primary_then_all
 from converter.planning.plan import Plan

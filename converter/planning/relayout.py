@@ -25,7 +25,9 @@ from converter.planning.loaders import AddLowRank, Copy
 from converter.model_config import parse_model_config
 from converter.ops import output_shape
 from converter.options import PlanOptions, ReverseOptions
-from converter.reverse_plan import TOWER_SUBTREES, hf_config_of, items_path_of, leaf_shape
+from converter.checkpoint_format.layout import items_path_of
+from converter.checkpoint_format.record import original_config
+from converter.families import TOWER_SUBTREES, leaf_shape
 from converter.sources.maxtext import EMBEDDING, MaxTextSource, MaxTextTensor, open_maxtext
 
 # Where one layer's value of one leaf lies in the source: its path below the parameters and the positions on its
@@ -80,7 +82,7 @@ def plan_relayout(checkpoint_path: str, options: PlanOptions, *, family: str | N
                           " its FP8 kernels and their scales would come out dequantized for a model that reads them"
                           " as FP8; laying such a checkpoint out again is not supported (convert it again from"
                           " HuggingFace instead)")
-  hf_config, config_source = hf_config_of(items_path, record, hf_config_path)
+  hf_config, config_source = original_config(items_path, record, hf_config_path)
   config = parse_model_config(hf_config, config_source)
   towers = any(name.split("/")[0] in TOWER_SUBTREES for name in source.tensors)
   model = families.resolve(config, family=family or record.family,

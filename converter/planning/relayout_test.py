@@ -24,7 +24,7 @@ from converter.errors import ConversionError
 from converter.planning.loaders import Copy, Stack
 from converter.model_config import load_model_config
 from converter.options import PlanOptions
-from converter.output.record import ConversionRecord
+from converter.checkpoint_format.record import ConversionRecord
 from converter.sources import maxtext, open_source
 from tools.testing import tiny_models
 

@@ -19,6 +19,7 @@ import ml_dtypes
 import numpy as np
 
 from converter.arrays import Shape
+from converter.checkpoint_format.record import SourceFacts
 
 # A region of a tensor: an int (drops the axis) or a step-1 slice for each of its leading axes; the axes after
 # them are whole.
@@ -86,6 +87,14 @@ class TensorSource(Protocol):
   def quant_method(self) -> str | None:
     """config.json's quantization_config.quant_method the source dequantizes ("fp8", "mxfp4"), or None."""
 
+  @property
+  def facts(self) -> SourceFacts:
+    """What a conversion from this source records of it (converter/checkpoint_format/record.py)."""
+
+  @property
+  def read_cache_bytes(self) -> int:
+    """The most its reads' caches hold at once in each process (what `--dry_run` adds for them)."""
+
 
 @dataclasses.dataclass(frozen=True)
 class QuantizedSource:
@@ -95,6 +104,11 @@ class QuantizedSource:
   tensors: Mapping[str, SourceTensor]
   files: tuple[str, ...]
   quant_method: str
+  read_cache_bytes = 0
+
+  @property
+  def facts(self) -> SourceFacts:
+    return SourceFacts(quant_method=self.quant_method)
 
 
 def region_bounds(shape: Shape, region: Region) -> tuple[tuple[int, int], ...]:

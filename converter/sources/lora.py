@@ -30,6 +30,7 @@ import numpy as np
 
 from converter import storage
 from converter.arrays import copy_into, placed_shape
+from converter.checkpoint_format.record import SourceFacts
 from converter.errors import ConversionError
 from converter.sources.base import FLOATING, Region, SourceTensor, TensorSource, as_slices, squeeze_ints
 from converter.sources.safetensors import TensorInfo, read_header
@@ -308,6 +309,11 @@ class LoraMergedSource:
   quant_method: str | None
   adapter: LoraAdapter
   merged: Mapping[str, str]
+  read_cache_bytes = 0
+
+  @property
+  def facts(self) -> SourceFacts:
+    return SourceFacts(quant_method=self.quant_method, lora_adapter=self.adapter.record(self.merged))
 
 
 def merged_source(source: TensorSource, adapter: LoraAdapter,

@@ -23,7 +23,8 @@ import numpy as np
 from converter import storage
 from converter.arrays import Shape
 from converter.errors import ConversionError
-from converter.output import layout as orbax_layout
+from converter.checkpoint_format import layout as orbax_layout
+from converter.checkpoint_format.record import ConversionRecord, SourceFacts
 from converter.sources.base import Region, region_bounds, squeeze_ints
 
 PARAMS = ("params", "params")  # Where a linen TrainState keeps the model's parameters.
@@ -68,7 +69,7 @@ class MaxTextTensor:
 
   @property
   def files(self) -> tuple[str, ...]:
-    return (storage.join(self.items_path, orbax_layout.TREE_METADATA),)
+    return (orbax_layout.tree_metadata_path(self.items_path),)
 
   @property
   def stored_names(self) -> tuple[str, ...]:
@@ -104,7 +105,7 @@ class MaxTextSource:
   location: str  # The items directory.
   tensors: Mapping[str, MaxTextTensor]
   files: tuple[str, ...]
-  record: Any  # converter.output.record.ConversionRecord: what the checkpoint records of its conversion.
+  record: ConversionRecord  # What the checkpoint records of its conversion.
   tree: ModelTree  # Where its parameters are in the stored tree.
   quant_method: str | None = None  # Leaves are stored as floats; the original's format is in `record`.
   lora: dict[str, Any] | None = None  # A MaxText LoRA checkpoint merged in (lora_export.Merge.record).
@@ -113,6 +114,12 @@ class MaxTextSource:
   def read_cache_bytes(self) -> int:
     """The most the reads' chunk caches hold at once in each process (what `--dry_run` adds for them)."""
     return _OPEN_ARRAYS * READ_CACHE_BYTES
+
+  @property
+  def facts(self) -> SourceFacts:
+    """Its leaves are floats; the original's format and any adapter merged into it are in its record."""
+    return SourceFacts(quant_method=self.record.quant_method, lora_adapter=self.lora or self.record.lora_adapter,
+                       original=self.record)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,15 +186,13 @@ def model_tree(arrays: Mapping[tuple[str, ...], Any], items_path: str) -> ModelT
 
 def open_maxtext(items_path: str) -> MaxTextSource:
   """The parameter leaves of the MaxText checkpoint at `items_path` (OUT/N/items), from its metadata alone."""
-  from converter.output.record import ConversionRecord  # pylint: disable=g-import-not-at-top
-
   tree = model_tree(_reader(items_path).arrays, items_path)
   tensors = {}
   for path, array in tree.params.items():
     if array.dtype.kind not in "fV":
       raise ConversionError(f"{items_path}: leaf {'/'.join(array.path)} has dtype {array.dtype}, not a float")
     tensors["/".join(path)] = MaxTextTensor(items_path, array.path, array.shape, array.dtype)
-  return MaxTextSource(items_path, tensors, (storage.join(items_path, orbax_layout.TREE_METADATA),),
+  return MaxTextSource(items_path, tensors, (orbax_layout.tree_metadata_path(items_path),),
                        ConversionRecord.read(items_path), tree)
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from converter import storage
 from converter.errors import ConversionError
-from converter.output import layout
+from converter.checkpoint_format import layout
 ARRAY_VALUE_TYPES = ("jax.Array", "np.ndarray")  # What Orbax's array handlers record; scalars are "scalar".
 _SEQUENCE_KEY = 1  # Orbax's KeyType: a list or tuple position; 2 is a dict key.
 _REMOTE_READ_COALESCING = {  # Orbax's settings for reads from a bucket: adjacent chunk reads merged into one request.
@@ -48,7 +48,7 @@ def param_name(keys: tuple[str, ...]) -> str:
 
 def read_tree_layout(items_path: str) -> TreeLayout:
   """The leaves of the PyTree checkpoint at `items_path` (e.g. OUT/0/items), from its `_METADATA`."""
-  metadata_path = storage.join(items_path, layout.TREE_METADATA)
+  metadata_path = layout.tree_metadata_path(items_path)
   if not storage.is_file(metadata_path):
     raise ConversionError(f"{items_path}: not an Orbax PyTree checkpoint (no {layout.TREE_METADATA} file)")
   try:

@@ -22,6 +22,7 @@ import numpy as np
 
 from converter import storage
 from converter.arrays import transpose_last_two
+from converter.checkpoint_format.record import SourceFacts
 from converter.errors import ConversionError
 from converter.sources.base import Region, as_slices, region_bounds, region_shape, squeeze_ints
 
@@ -166,6 +167,8 @@ class SafetensorsSource:
   tensors: Mapping[str, TensorInfo]
 
   quant_method = None
+  facts = SourceFacts()
+  read_cache_bytes = 0
 
   @property
   def files(self) -> list[str]:

@@ -42,7 +42,7 @@ from absl import app, flags  # noqa: E402
 import ml_dtypes  # noqa: E402
 import numpy as np  # noqa: E402
 
-from converter.output.record import ConversionRecord  # noqa: E402
+from converter.checkpoint_format.record import ConversionRecord  # noqa: E402
 from tools.testing.reused_process import ReusedProcess  # noqa: E402
 
 FLAGS = flags.FLAGS

@@ -8,7 +8,7 @@ import types
 
 from absl.testing import absltest
 
-from converter import to_huggingface
+from converter.reverse import to_huggingface
 from converter.families import deepseek
 from tools.testing import serving_config
 
@@ -182,7 +182,7 @@ class ServingConfigTest(absltest.TestCase):
 
 
 class WrittenConfigTest(absltest.TestCase):
-  """converter/to_huggingface.written_config on hub (transformers 4) and transformers 5 configs: what vLLM reads
+  """converter/reverse/to_huggingface.written_config on hub (transformers 4) and transformers 5 configs: what vLLM reads
   as the original, in the original's schema."""
 
   def written(self, original: dict, dtype: str = "bfloat16", family=None) -> dict:

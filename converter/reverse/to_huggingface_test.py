@@ -11,10 +11,10 @@ from unittest import mock
 import numpy as np
 from absl.testing import absltest
 
-from converter import to_huggingface
+from converter.reverse import to_huggingface
 from converter.sources.checkpoint_reader import CheckpointReader, StoredArray
 from converter.errors import ConversionError
-from converter.reverse_plan import HfPart, HfTensor
+from converter.reverse.reverse_plan import HfPart, HfTensor
 
 _PART = HfPart(("params", "params", "w"), (), (), None)
 

@@ -14,12 +14,10 @@ directory: a local directory, a bucket, or a Hub repo id at its revision (only t
 
 from __future__ import annotations
 
-import dataclasses
-import re
-
 from absl import logging
 
 from converter import storage
+from converter.checkpoint_format.original import Original
 from converter.errors import ConversionError
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".h5", ".msgpack", ".onnx", ".npz")
@@ -29,46 +27,11 @@ NOT_COPIED = frozenset({"config.json", ".gitattributes", "hf_quant_config.json"}
 # What a serving stack cannot do without: named when the original has none of them.
 EXPECTED = ("tokenizer_config.json", "generation_config.json")
 MAX_FILE_BYTES = 256 << 20  # Larger top-level files are not what a server reads (a consolidated weights dump).
-# A Hub repo's snapshot in the local HF cache (huggingface_hub's layout): where a repo id's config.json was read.
-_HUB_SNAPSHOT = re.compile(r".*/models--(?P<org>[^/]+?)--(?P<name>[^/]+)/snapshots/(?P<commit>[0-9a-f]{40})/?$")
 # Fetched from the Hub's cache by name when the Hub cannot be listed (HF_HUB_OFFLINE).
 KNOWN = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model", "vocab.json",
          "merges.txt", "vocab.txt", "added_tokens.json", "tiktoken.model", "chat_template.jinja", "chat_template.json",
          "generation_config.json", "preprocessor_config.json", "processor_config.json",
          "video_preprocessor_config.json")
-
-
-@dataclasses.dataclass(frozen=True)
-class Original:
-  """Where the original model lives: a directory, a bucket prefix, or a Hub repo id at `revision`."""
-
-  location: str
-  revision: str | None = None  # A Hub repo id's branch, tag or commit; None for a path.
-
-  @property
-  def on_hub(self) -> bool:
-    return self.revision is not None
-
-  def describe(self) -> str:
-    return f"{self.location} (revision {self.revision})" if self.on_hub else self.location
-
-  def record(self) -> dict[str, str | None]:
-    return {"location": self.location, "revision": self.revision}
-
-  @classmethod
-  def of_directory(cls, directory: str) -> Original:
-    """The model a directory holds: a Hub repo at its commit when it is a snapshot of the local HF cache (which
-    holds only what the conversion fetched), else the directory itself."""
-    match = _HUB_SNAPSHOT.match(directory)
-    if match:
-      return cls(f"{match['org']}/{match['name']}", match["commit"])
-    return cls(directory)
-
-  @classmethod
-  def of_record(cls, entry: object) -> Original | None:
-    if not isinstance(entry, dict) or not isinstance(entry.get("location"), str):
-      return None
-    return cls(entry["location"], entry.get("revision"))
 
 
 def is_served(name: str) -> bool:

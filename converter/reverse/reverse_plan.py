@@ -12,7 +12,6 @@ forward direction wrote those rows into (loaders.row_slabs), so that none is eve
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -20,25 +19,21 @@ import numpy as np
 
 from converter.arrays import Shape
 from converter import families, storage
-from converter.output import layout as orbax_layout
-from converter.output.record import ConversionRecord
+from converter.checkpoint_format.layout import items_path_of
+from converter.checkpoint_format.original import Original
+from converter.checkpoint_format.record import ConversionRecord, original_config, original_model
 from converter.errors import ConversionError
-from converter.families import Family, LayerGroup, Param
+from converter.families import TOWER_SUBTREES, Family, LayerGroup, Param, leaf_index, leaf_shape
 from converter.model_config import ModelConfig, parse_model_config
 from converter.ops import IntegerIds, Op, Slot, inverse_ops, is_exact, output_shape
 from converter.planning.loaders import ROW_BLOCK_BYTES, row_slabs, slab_ops
-from converter.safetensors_output import TensorSpec
-from converter.serving_files import Original
+from converter.reverse.safetensors_output import TensorSpec
 from converter.sources import SAFETENSORS_DTYPES
 from converter.sources.maxtext import model_tree
 
 if TYPE_CHECKING:  # Imported where used: planning needs only the reader's metadata.
   from converter.sources.checkpoint_reader import CheckpointReader, StoredArray
 
-PARAMS = ("params", "params")  # Where a TrainState-shaped tree keeps the model parameters.
-# Where Tunix's CheckpointManager (tunix/sft/checkpoint_manager.py; MaxText's train_sft and train_rl use it) saves
-# the model: <root>/<step>/model_params, the NNX state `nnx.state(model)` (optimizer_state beside it).
-TUNIX_MODEL_PARAMS = "model_params"
 _SAFETENSORS_CODES = {dtype: code for code, dtype in SAFETENSORS_DTYPES.items()}
 
 
@@ -103,75 +98,6 @@ class ReversePlan:
   @property
   def inexact_tensors(self) -> tuple[str, ...]:
     return tuple(t.name for t in self.tensors if not t.exact)
-
-
-TOWER_SUBTREES = ("vision_encoder", "audio_encoder")  # MaxText's multimodal encoders, beside decoder/.
-
-
-def items_path_of(checkpoint_path: str) -> str:
-  """OUT/0/items as given, or found below OUT/0 (a step directory; a Tunix step's model_params)."""
-  path = storage.resolve(checkpoint_path)
-  if not storage.is_file(storage.join(path, orbax_layout.TREE_METADATA)):
-    for name in (orbax_layout.ITEMS, TUNIX_MODEL_PARAMS):
-      items = storage.join(path, name)
-      if storage.is_file(storage.join(items, orbax_layout.TREE_METADATA)):
-        return items
-  if not storage.exists(path):
-    raise ConversionError(f"{path}: no such checkpoint directory (expected OUTPUT_DIR/0/items)")
-  return path
-
-
-def hf_config_of(items_path: str, record: ConversionRecord, hf_config_path: str | None) -> tuple[dict[str, Any], str]:
-  """The original config.json dict and where it came from."""
-  if hf_config_path:
-    path = hf_config_path
-    if not path.endswith(".json"):
-      path = storage.join(path, "config.json")
-    try:
-      config = json.loads(storage.read_text(path))
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
-      raise ConversionError(f"{path}: cannot read the HF config ({type(e).__name__}: {e})") from e
-    source = path
-  elif isinstance(record.hf_config, dict):
-    config = record.hf_config
-    source = f"{orbax_layout.metadata_path(items_path)} (custom_metadata.hf2maxtext.hf_config)"
-  else:
-    raise ConversionError(
-        f"{orbax_layout.metadata_path(items_path)} records no hf2maxtext.hf_config (a checkpoint written"
-        " by MaxText, or by an older converter): pass --hf_config_path=<the original model's config.json>"
-    )
-  if not isinstance(config, dict):
-    raise ConversionError(f"{source}: the HF config is not a JSON object")
-  return dict(config), source
-
-
-def _original(record: ConversionRecord, hf_config_path: str | None) -> Original | None:
-  """--hf_config_path's directory (the config file's, when it names one), else the recorded original."""
-  if hf_config_path:
-    return Original.of_directory(storage.parent(hf_config_path) if hf_config_path.endswith(".json")
-                                 else hf_config_path)
-  return Original.of_record(record.hf_source)
-
-
-def leaf_index(param: Param, expert: int | None, position: tuple[int, ...]) -> tuple[Any, ...]:
-  """Index of one HF tensor's slice in the leaf: the expert on axis 0, the layer's position on the stacking axes
-  (none unstacked; (layer,) or (block, layer in block)) from the param's scan axis."""
-  index: list[Any] = [expert] if expert is not None else []
-  if position:
-    index += [slice(None)] * (param.scan_axis - len(index))
-    index[param.scan_axis:param.scan_axis] = list(position)
-  return tuple(index)
-
-
-def leaf_shape(per_tensor: Shape, param: Param, stacking: tuple[int, ...]) -> Shape:
-  """The leaf holding `param`: experts first, then (stacked groups) the stacking axes at the param's scan axis;
-  a param sharing its leaf fills one slot of it."""
-  shape = ((param.experts,) if param.experts else ()) + tuple(per_tensor)
-  if param.leaf_slot is not None:
-    slot = param.leaf_slot
-    axis = slot.axis % len(shape)
-    shape = shape[:axis] + (slot.groups * sum(slot.sizes),) + shape[axis + 1:]
-  return shape[:param.scan_axis] + stacking + shape[param.scan_axis:]
 
 
 def _row_slab_parts(param: Param, leaf: tuple[str, ...], index: tuple[Any, ...], per_tensor: Shape, stacked: int,
@@ -243,7 +169,7 @@ def plan_to_huggingface(
   """Everything checkable without reading weights: family, config, every leaf present with the right shape."""
   items_path = items_path_of(checkpoint_path)
   record = ConversionRecord.read(items_path)
-  hf_config, source = hf_config_of(items_path, record, hf_config_path)
+  hf_config, source = original_config(items_path, record, hf_config_path)
   config = parse_model_config(hf_config, source)
   warnings: list[str] = []
   if family and record.family and record.family != family:
@@ -369,5 +295,5 @@ def plan_to_huggingface(
   if record.quant_method:
     warnings.append(f"the original checkpoint was {record.quant_method}-quantized; its weights come back"
                     f" dequantized ({dtypes[-1].name}) and config.json without quantization_config")
-  return ReversePlan(items_path, fam, config, hf_config, _original(record, hf_config_path), target, scan_layers,
+  return ReversePlan(items_path, fam, config, hf_config, original_model(record, hf_config_path), target, scan_layers,
                      dtypes[-1], tuple(tensors), tuple(warnings), tuple(constants))

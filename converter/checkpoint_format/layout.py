@@ -1,4 +1,5 @@
-"""Where Orbax puts a checkpoint's pieces: the one place that knows their names.
+"""Where Orbax puts a checkpoint's pieces: the one place that knows their names (read by the sources, written by
+the output).
 
 A save of step 0 into OUTPUT_DIR writes OUTPUT_DIR/0/{items, _CHECKPOINT_METADATA}. How a step is committed
 depends on the kind of storage (a rename on a local disk, a commit file in a bucket: converter/output/local.py and
@@ -9,6 +10,7 @@ on commit.
 from __future__ import annotations
 
 from converter import storage
+from converter.errors import ConversionError
 
 STEP = 0
 ITEMS = "items"
@@ -17,6 +19,9 @@ TREE_METADATA = "_METADATA"  # In items/: the tree's leaves and how its arrays a
 OCDBT_MANIFEST = "manifest.ocdbt"  # In items/ once the arrays are in one OCDBT database (Orbax's default).
 COMMIT_MARKER = "commit_success.txt"
 TMP_SUFFIX = ".orbax-checkpoint-tmp"  # Local disks: the step before its rename.
+# Where Tunix's CheckpointManager (tunix/sft/checkpoint_manager.py; MaxText's train_sft and train_rl use it) saves
+# the model: <root>/<step>/model_params, the NNX state `nnx.state(model)` (optimizer_state beside it).
+TUNIX_MODEL_PARAMS = "model_params"
 
 
 def step_path(output_dir: str) -> str:
@@ -25,6 +30,11 @@ def step_path(output_dir: str) -> str:
 
 def items_path(output_dir: str) -> str:
   return storage.join(step_path(output_dir), ITEMS)
+
+
+def tree_metadata_path(items: str) -> str:
+  """The tree's _METADATA in items/: what a source of its leaves is read from until their arrays are opened."""
+  return storage.join(items, TREE_METADATA)
 
 
 def metadata_path(items: str) -> str:
@@ -40,3 +50,16 @@ def process_database(items: str, process: int = 0) -> str:
 def kvstore_base(path: str) -> str:
   """A tensorstore kvstore URL for `path` (file:// for local paths, gs:// and s3:// as they are)."""
   return path if storage.is_remote(path) else f"file://{path}"
+
+
+def items_path_of(checkpoint_path: str) -> str:
+  """OUT/0/items as given, or found below OUT/0 (a step directory; a Tunix step's model_params)."""
+  path = storage.resolve(checkpoint_path)
+  if not storage.is_file(tree_metadata_path(path)):
+    for name in (ITEMS, TUNIX_MODEL_PARAMS):
+      items = storage.join(path, name)
+      if storage.is_file(tree_metadata_path(items)):
+        return items
+  if not storage.exists(path):
+    raise ConversionError(f"{path}: no such checkpoint directory (expected OUTPUT_DIR/0/items)")
+  return path

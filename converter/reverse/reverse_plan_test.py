@@ -14,7 +14,8 @@ from unittest import mock
 import numpy as np
 from absl.testing import absltest, parameterized
 
-from converter import families, reverse_plan
+from converter import families
+from converter.reverse import reverse_plan
 from converter.planning import plan
 from converter.sources.checkpoint_reader import StoredArray
 from converter.errors import ConversionError
@@ -256,28 +257,6 @@ class ReversePlanTest(parameterized.TestCase):
     with self.assertRaisesRegex(ConversionError, r"neither a MaxText TrainState \(arrays under params/params\) nor"
                                                  r" an NNX state as Tunix saves it .* under: opt_state, step"):
       self.reverse(leaves, _record(TINY_QWEN3_CONFIG, "qwen3", True))
-
-
-class ItemsPathTest(absltest.TestCase):
-
-  def test_a_tunix_step_directory_resolves_to_its_model_params(self):
-    step = os.path.join(_tmpdir(), "2")
-    os.makedirs(os.path.join(step, "model_params"))
-    os.makedirs(os.path.join(step, "optimizer_state"))
-    for name in ("model_params", "optimizer_state"):
-      with open(os.path.join(step, name, "_METADATA"), "w") as f:
-        f.write("{}")
-    self.assertEqual(reverse_plan.items_path_of(step), os.path.join(step, "model_params"))
-
-  def test_a_step_directory_resolves_to_its_items(self):
-    step = _checkpoint_dir(None)
-    self.assertEqual(reverse_plan.items_path_of(step), os.path.join(step, "items"))
-    self.assertEqual(reverse_plan.items_path_of(os.path.join(step, "items")), os.path.join(step, "items"))
-
-  def test_a_missing_directory_is_named(self):
-    missing = os.path.join(_tmpdir(), "nothing")
-    with self.assertRaisesRegex(ConversionError, f"{missing}: no such checkpoint directory"):
-      reverse_plan.items_path_of(missing)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ from unittest import mock
 
 from absl.testing import absltest
 
-from converter import serving_files
+from converter.reverse import serving_files
 
 
 class ServingFilesTest(absltest.TestCase):

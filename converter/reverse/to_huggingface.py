@@ -1,6 +1,6 @@
 """MaxText -> HuggingFace: a converted (or MaxText-trained) Orbax checkpoint back to HF safetensors.
 
-The plan (converter/reverse_plan.py) says which slice of which stored leaf becomes which HF tensor; here each
+The plan (converter/reverse/reverse_plan.py) says which slice of which stored leaf becomes which HF tensor; here each
 tensor is read slice by slice (converter/sources/checkpoint_reader.py), transformed, joined where the forward direction
 split a fused tensor, and streamed into the current shard file, expert by expert for tensors holding every expert.
 Pieces are read by worker threads (several in flight) while earlier ones are written, up to a byte budget
@@ -30,14 +30,15 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 from absl import logging
 
-from converter import serving_files, storage
+from converter import storage
+from converter.reverse import serving_files
 from converter.errors import ConversionError
 from converter.options import ReverseOptions, RunContext
 from converter.output.huggingface import HuggingFaceOutput
 from handlers import shares
 from handlers.shares import Processes
-from converter.reverse_plan import HfPart, HfTensor, ReversePlan, items_path_of, plan_to_huggingface
-from converter.safetensors_output import (INDEX_FILE, SafetensorsStreamWriter, assign_shards, index_json, parse_size,
+from converter.reverse.reverse_plan import HfPart, HfTensor, ReversePlan, items_path_of, plan_to_huggingface
+from converter.reverse.safetensors_output import (INDEX_FILE, SafetensorsStreamWriter, assign_shards, index_json, parse_size,
                                           shard_names)
 
 if TYPE_CHECKING:
@@ -90,7 +91,7 @@ def written_config(plan: ReversePlan) -> dict[str, Any]:
 
 
 def original_serving_files(plan: ReversePlan) -> tuple[dict[str, bytes], list[str]]:
-  """The original model's tokenizer, chat template, generation and processor configs (converter/serving_files.py)
+  """The original model's tokenizer, chat template, generation and processor configs (converter/reverse/serving_files.py)
   and what to say about them: read before any weight, so that an unreachable original is said at once; without
   them the conversion goes on (the weights and config.json are still the model)."""
   instead = ("the output holds config.json and the weights only: pass --hf_config_path=<the original model's"

@@ -9,9 +9,9 @@ from unittest import mock
 import numpy as np
 from absl.testing import absltest
 
-from converter import safetensors_output
+from converter.reverse import safetensors_output
 from converter.errors import ConversionError
-from converter.safetensors_output import SafetensorsStreamWriter, TensorSpec
+from converter.reverse.safetensors_output import SafetensorsStreamWriter, TensorSpec
 
 _SPECS = [TensorSpec("w", (2, 3), np.dtype(np.float32))]
 _EIO = OSError(errno.EIO, "Input/output error")
