@@ -24,6 +24,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Iterator
 
 from absl import logging
 
@@ -149,12 +150,14 @@ class WriteBehindDirectory:
     self._directory = directory
     self._data_dirs = data_dirs
     self._interval = interval
-    # By inode (one output is on one filesystem): Orbax renames the directories at its commit. Open files; and the
+    # By inode (one output is on one filesystem): Orbax renames the directories at its commit. Open files; the
     # files written behind whole and closed, with their size and when: one that grows again is opened again, until
-    # it has been left alone for _SETTLED_S, after which it is not looked at again (a whole giant model leaves
-    # about 100,000 data files, and a stat of each every round took most of a core).
+    # it has been left alone for _SETTLED_S; then only its inode is kept, and it is not looked at again (a whole
+    # giant model leaves about 100,000 data files: a stat of each every round took most of a core, and a tuple
+    # kept for each plus a round's whole listing held in lists grew the heap by 50 MB).
     self._open: dict[int, _Behind] = {}
     self._done: dict[int, tuple[int, float]] = {}
+    self._settled: set[int] = set()
     self._stop = threading.Event()
     self._thread = threading.Thread(target=self._run, name="hf2maxtext-write-behind", daemon=True)
 
@@ -184,9 +187,13 @@ class WriteBehindDirectory:
   def _round(self) -> None:
     now = time.monotonic()
     for path, inode in self._data_files():
+      if inode in self._settled:
+        continue
       done = self._done.get(inode)
       if done is not None:
         if now - done[1] > _SETTLED_S:
+          del self._done[inode]
+          self._settled.add(inode)
           continue
         try:
           if os.stat(path).st_size == done[0]:
@@ -208,19 +215,19 @@ class WriteBehindDirectory:
         continue
       behind.start(size)
 
-  def _data_files(self) -> list[tuple[str, int]]:
-    """(path, inode) of every file in a data directory below the output, from the listings alone (no stat)."""
-    found, directories = [], [self._directory]
+  def _data_files(self) -> Iterator[tuple[str, int]]:
+    """(path, inode) of every file in a data directory below the output, from the listings alone (no stat), one
+    entry at a time: a round holds no listing whole."""
+    directories = [self._directory]
     while directories:
       directory = directories.pop()
+      data = os.path.basename(directory) in self._data_dirs
       try:
-        entries = list(os.scandir(directory))
+        with os.scandir(directory) as entries:
+          for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+              directories.append(entry.path)
+            elif data:
+              yield entry.path, entry.inode()
       except (FileNotFoundError, NotADirectoryError):  # Renamed (Orbax's commit) since its parent was listed.
         continue
-      data = os.path.basename(directory) in self._data_dirs
-      for entry in entries:
-        if entry.is_dir(follow_symlinks=False):
-          directories.append(entry.path)
-        elif data:
-          found.append((entry.path, entry.inode()))
-    return found
