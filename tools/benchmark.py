@@ -40,9 +40,7 @@ import datetime
 import json
 import mmap
 import os
-import platform
 import resource
-import shlex
 import shutil
 import statistics
 import subprocess
@@ -61,6 +59,9 @@ from converter.planning.plan import default_zstd_level
 from converter.sources import quant_method
 from tools import synthetic_checkpoint
 from tools.ports import free_port
+from tools.benchmark_runner import (PYTHON, REPO, ResultsPage, ResultTable, child_env, children_cpu_seconds, command_line,
+                                    dry_run, dry_run_lines, du, files, machine_description, markdown_table, measure,
+                                    print_table, render_run_section)
 from tools.process_sampling import run_sampled, tree_rss
 
 FLAGS = flags.FLAGS
@@ -103,118 +104,11 @@ flags.DEFINE_string("results_page", "docs/benchmark-results.md", "Markdown page 
                     " run first (created when absent); a relative path is taken from the repository root. Empty:"
                     " write no page.")
 
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# What every built binary runs under (the .venv's Python, started with the launcher's environment), so that the
-# children measured are the converter as shipped; sys.executable where the launcher is not at hand.
-_LAUNCHER = os.path.join(_REPO, "tools", "python3")
-_PYTHON = _LAUNCHER if os.access(_LAUNCHER, os.X_OK) else sys.executable
-
-# The results page: its title and the line new runs are inserted below, so that the newest run comes first and the
-# page's own introduction stays at the top.
-RESULTS_PAGE_TITLE = "# Benchmark results"
-RESULTS_PAGE_MARKER = "<!-- tools/benchmark.py adds each run below this line, newest first. -->"
-
-
-@dataclasses.dataclass(frozen=True)
-class ResultTable:
-  """One table a run prints, kept as data: the terminal and the results page are rendered from the same rows and
-  columns, so the page cannot drift from what the run measured.
-
-  `caption` is the text printed above the table (the floors its ratios are taken against); every row has one cell
-  per column.
-  """
-
-  caption: str
-  columns: tuple[str, ...]
-  rows: tuple[tuple[str, ...], ...]
-
-
-def markdown_table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-  """`columns` and `rows` as a Markdown table (no trailing newline). A `|` inside a cell is escaped, so that a cell
-  can never split into two columns."""
-  escape = lambda cell: str(cell).replace("|", "\\|")
-  for row in rows:
-    if len(row) != len(columns):
-      raise ValueError(f"a row of {len(row)} cells in a table of {len(columns)} columns: {row}")
-  lines = ["| " + " | ".join(escape(c) for c in columns) + " |", "|" + "---|" * len(columns)]
-  lines += ["| " + " | ".join(escape(c) for c in row) + " |" for row in rows]
-  return "\n".join(lines)
-
-
-def print_table(table: ResultTable) -> None:
-  if table.caption:
-    print(f"\n{table.caption}")
-  print(markdown_table(table.columns, table.rows), flush=True)
-
-
-def render_run_section(tables: Sequence[ResultTable], started: datetime.datetime, machine: str, command: str,
-                       notes: Sequence[str] = ()) -> str:
-  """One run's section of the results page: a heading with the run's start time (UTC), the machine and the exact
-  command (what a reader needs to reproduce or compare a figure), `notes`, then every table with its caption."""
-  stamp = started.astimezone(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-  parts = [f"## {stamp}", "", f"- machine: {machine}", f"- command: `{command}`"]
-  parts += [f"- {note}" for note in notes]
-  for table in tables:
-    parts.append("")
-    if table.caption:
-      parts += [table.caption, ""]
-    parts.append(markdown_table(table.columns, table.rows))
-  return "\n".join(parts) + "\n"
-
-
-def add_run_to_results_page(page: str | None, section: str, head: str | None = None,
-                            marker: str = RESULTS_PAGE_MARKER) -> str:
-  """The results page with `section` added as its newest run: below the page's `marker` line, above every earlier
-  run. A missing page (None or empty) is started with `head` (by default this benchmark's title and introduction);
-  a page without the marker (edited by hand) keeps its text below the new head, marker and section."""
-  if page and marker in page:
-    head, earlier = page.split(marker, 1)
-  else:
-    if head is None:
-      head = (f"{RESULTS_PAGE_TITLE}\n\nWritten by `tools/benchmark.py` at the end of every run; what the columns"
-              " mean and how to run it: [benchmarks.md](benchmarks.md). Compare ratios within one run, not walls"
-              " across runs or machines.\n\n")
-    earlier = page or ""
-  earlier = earlier.strip("\n")
-  return f"{head}{marker}\n\n{section.rstrip(chr(10))}\n" + (f"\n{earlier}\n" if earlier else "")
-
-
-def machine_description() -> str:
-  """Cores, memory, CPU model and kernel: what the walls of a run depend on besides the code."""
-  model = ""
-  try:
-    with open("/proc/cpuinfo") as f:
-      model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
-  except OSError:
-    pass
-  memory = psutil.virtual_memory().total / 2**30
-  return (f"{os.cpu_count()} cores{f' ({model})' if model else ''}, {memory:.1f} GiB memory,"
-          f" {platform.system()} {platform.release()} {platform.machine()}")
-
-
-def command_line(argv: Sequence[str]) -> str:
-  """The command that started this run, as a user would type it again (`bazel run` hides its own arguments behind
-  the runfiles path of argv[0])."""
-  if os.environ.get("BUILD_WORKSPACE_DIRECTORY"):
-    return " ".join(["bazel run //tools:benchmark --", shlex.join(argv[1:])]).strip()
-  program = os.path.relpath(os.path.abspath(argv[0]), _REPO) if argv else "tools/benchmark.py"
-  return f"python {shlex.join([program, *argv[1:]])}"
-
-
-def write_results_page(path: str, section: str) -> str:
-  """Adds `section` to the page at `path` (relative: from the repository root, or the workspace `bazel run`
-  started in); returns the path written."""
-  if not os.path.isabs(path):
-    path = os.path.join(os.environ.get("BUILD_WORKSPACE_DIRECTORY") or _REPO, path)
-  page = None
-  if os.path.exists(path):
-    with open(path) as f:
-      page = f.read()
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  with open(path + ".tmp", "w") as f:
-    f.write(add_run_to_results_page(page, section))
-  os.replace(path + ".tmp", path)
-  return path
+RESULTS_PAGE = ResultsPage(
+    "# Benchmark results",
+    "Written by `tools/benchmark.py` at the end of every run; what the columns mean and how to run it:"
+    " [benchmarks.md](benchmarks.md). Compare ratios within one run, not walls across runs or machines.",
+    "<!-- tools/benchmark.py adds each run below this line, newest first. -->")
 
 
 class MemoryCgroup:
@@ -245,7 +139,7 @@ def warm(directory: str) -> None:
   wrote (converter/write_behind.py), so the checkpoint a reverse conversion reads would come from the disk,
   and its floor, run after it, from the cache: warmed first, both read it as every step reads its input."""
   buffer = bytearray(16 << 20)
-  for path in _files(directory):
+  for path in files(directory):
     with open(path, "rb", buffering=0) as f:
       while f.readinto(buffer):
         pass
@@ -263,10 +157,6 @@ def _in_flight(calls, depth: int, on_result=lambda result: None) -> float:
   for future in pending:
     on_result(future.result())
   return time.monotonic() - start
-
-
-def _files(directory: str, suffix: str = "") -> list[str]:
-  return sorted(os.path.join(d, f) for d, _, fs in os.walk(directory) for f in fs if f.endswith(suffix))
 
 
 def io_floor(files: list[str], write_bytes: int, scratch: str) -> float:
@@ -319,7 +209,7 @@ def compression_floors(input_dir: str, nbytes: int, scratch: str, share: int = 0
   import tensorstore as ts  # pylint: disable=g-import-not-at-top
 
   piece, chunk = 64 << 20, chunking.ChunkRule.max_chunk_bytes
-  files = _files(input_dir, ".safetensors")
+  files = files(input_dir, ".safetensors")
   count = len(range(share, -(-nbytes // piece), shares))
   path = os.path.join(scratch, f"compression-floor-{share}.zarr")
   shutil.rmtree(path, ignore_errors=True)
@@ -357,7 +247,7 @@ def copy_floor(input_dir: str, nbytes: int) -> tuple[float, float]:
   this is the transpose floor, the least a conversion that reorders axes can cost (issue 38)."""
   piece = 64 << 20
   count = -(-nbytes // piece)
-  files = _files(input_dir, ".safetensors")
+  files = files(input_dir, ".safetensors")
   warm(input_dir)  # The conversions find their input in the cache too (the floors before them read it).
   buffer = np.empty(piece // 2, np.uint16)
   start, cpu_start = time.monotonic(), time.process_time()
@@ -398,28 +288,18 @@ def floor_pieces(files: Sequence[str], count: int, piece: int, share: int = 0,
 
 def _child_command(function, *args) -> list[str]:
   """A command running `function(*args)` (a function of this module) in a child process started the way the
-  conversions are (`_PYTHON`, malloc configured as the converter configures it), printing its result as JSON:
+  conversions are (`PYTHON`, malloc configured as the converter configures it), printing its result as JSON:
   a floor then runs with the same allocator settings as what it bounds (glibc's huge pages for malloc, set by
-  the launcher, take the compression floor from 3.9 to 2.6 s here). Run it with `_child_env()`."""
+  the launcher, take the compression floor from 3.9 to 2.6 s here). Run it with `child_env()`."""
   code = ("import json, sys; from converter import malloc; malloc.configure(); from tools import benchmark;"
           f" print(json.dumps(benchmark.{function.__name__}(*json.loads(sys.argv[1]))))")
-  return [_PYTHON, "-c", code, json.dumps(args)]
-
-
-def _child_env() -> dict[str, str]:
-  return dict(os.environ, PYTHONPATH=_REPO)
-
-
-def _children_cpu_seconds() -> float:
-  """User + system seconds of every child waited for so far."""
-  usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-  return usage.ru_utime + usage.ru_stime
+  return [PYTHON, "-c", code, json.dumps(args)]
 
 
 def in_child(function, *args):
   """`function(*args)` in a child process (`_child_command`); returns its result."""
   os.sync()  # As before every conversion (run_sampled).
-  result = subprocess.run(_child_command(function, *args), env=_child_env(), capture_output=True, text=True)
+  result = subprocess.run(_child_command(function, *args), env=child_env(), capture_output=True, text=True)
   if result.returncode:
     sys.exit(f"{function.__name__} failed:\n{result.stderr[-3000:]}")
   return json.loads(result.stdout.strip().splitlines()[-1])
@@ -464,7 +344,7 @@ def start_up_cost(runs: int) -> StartUp:
     """The run's stderr, the time.time() it started at, its wall and its CPU-seconds."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started, start = time.time(), time.monotonic()
-    result = subprocess.run(command, env=dict(os.environ, PYTHONPATH=_REPO), check=True, capture_output=True,
+    result = subprocess.run(command, env=child_env(), check=True, capture_output=True,
                             text=True)
     wall = time.monotonic() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -472,8 +352,8 @@ def start_up_cost(runs: int) -> StartUp:
 
   for attempt in range(2 * runs):  # Alternately plain (wall and CPU, and back) and probed (the first read).
     probed = attempt % 2 == 1
-    command = [_PYTHON, *(["-c", _FIRST_READ_PROBE] if probed else []), os.path.join(_REPO, "converter", "main.py"),
-               f"--hf_model_path={os.path.join(_REPO, 'testdata', 'tiny-qwen3')}", f"--output_dir={scratch}",
+    command = [PYTHON, *(["-c", _FIRST_READ_PROBE] if probed else []), os.path.join(REPO, "converter", "main.py"),
+               f"--hf_model_path={os.path.join(REPO, 'testdata', 'tiny-qwen3')}", f"--output_dir={scratch}",
                "--overwrite", "--simulated_cpu_devices_count=1", "--noprogress"]
     stderr, started, wall, cpu = run(command)
     if probed:
@@ -491,12 +371,8 @@ def start_up_cost(runs: int) -> StartUp:
   return StartUp(median(walls), median(cpus), median(first_reads), median(reverse_walls), median(reverse_cpus))
 
 
-def _du(path: str) -> int:
-  return sum(os.path.getsize(f) for f in _files(path))
-
-
 def _convert_command(input_dir: str, output_dir: str, devices: str, *flags_: str) -> list[str]:
-  command = [_PYTHON, os.path.join(_REPO, "converter", "main.py"), f"--hf_model_path={input_dir}",
+  command = [PYTHON, os.path.join(REPO, "converter", "main.py"), f"--hf_model_path={input_dir}",
              f"--output_dir={output_dir}", "--overwrite", f"--simulated_cpu_devices_count={devices}",
              f"--scan_layers={FLAGS.scan_layers}", "--noprogress", *flags_]
   if FLAGS.max_inflight_bytes:
@@ -508,15 +384,12 @@ def _run(label: str, command: list[str], env: dict[str, str], cgroup: MemoryCgro
          outputs: list[str] | None = None) -> tuple[float, int, float]:
   """Wall seconds, peak RSS and CPU seconds (user + system, every thread) of `command`; its stdout is appended to
   `outputs` when given."""
-  cpu_before = _children_cpu_seconds()
-  wall, peak, result = run_sampled(cgroup.wrap(command) if cgroup else command, env)
-  cpu = _children_cpu_seconds() - cpu_before
-  if result.returncode:
-    sys.exit(f"{label} failed ({result.returncode}):\n{result.stderr[-3000:]}")
+  measured = measure(label, cgroup.wrap(command) if cgroup else command, env)
   if outputs is not None:
-    outputs.append(result.stdout)
-  print(f"{label} wall={wall:.1f}s cpu={cpu:.1f}s peak_rss={peak / 2**30:.2f}GiB", flush=True)
-  return wall, peak, cpu
+    outputs.append(measured.stdout)
+  print(f"{label} wall={measured.wall:.1f}s cpu={measured.cpu:.1f}s peak_rss={measured.peak / 2**30:.2f}GiB",
+        flush=True)
+  return measured.wall, measured.peak, measured.cpu
 
 
 def _has_native_fp8(input_dir: str) -> bool:
@@ -533,7 +406,7 @@ def run_processes(input_dir: str, output_dir: str, count: int, cores: list[int] 
   address = f"127.0.0.1:{free_port()}"
   children, peaks = [], [0] * count
   os.sync()  # As before every conversion (run_sampled).
-  cpu_before = _children_cpu_seconds()
+  cpu_before = children_cpu_seconds()
   start = time.monotonic()
   for i in range(count):
     command = _convert_command(input_dir, output_dir, "1")
@@ -558,7 +431,7 @@ def run_processes(input_dir: str, output_dir: str, count: int, cores: list[int] 
   sampler.start()
   results = [c.communicate() for c in children]
   wall = time.monotonic() - start
-  cpu = _children_cpu_seconds() - cpu_before
+  cpu = children_cpu_seconds() - cpu_before
   done.set()
   sampler.join()
   for child, (_, stderr) in zip(children, results):
@@ -572,14 +445,14 @@ def run_codec_processes(input_dir: str, nbytes: int, count: int, cores: list[int
   encoding every `count`-th piece: how far this machine itself scales the codec's work, the control for
   `run_processes`. Returns the wall until the last one exits, no peaks, and the CPU seconds of all of them."""
   os.sync()
-  cpu_before = _children_cpu_seconds()
+  cpu_before = children_cpu_seconds()
   start = time.monotonic()
   share = lambda i: _child_command(compression_floors, input_dir, nbytes, FLAGS.work_dir, i, count, False)
-  children = [subprocess.Popen(["taskset", "-c", str(cores[i]), *share(i)], env=_child_env(),
+  children = [subprocess.Popen(["taskset", "-c", str(cores[i]), *share(i)], env=child_env(),
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(count)]
   results = [c.communicate() for c in children]
   wall = time.monotonic() - start
-  cpu = _children_cpu_seconds() - cpu_before
+  cpu = children_cpu_seconds() - cpu_before
   for child, (_, stderr) in zip(children, results):
     if child.returncode:
       sys.exit(f"the codec's work in {count} processes failed:\n{stderr[-3000:]}")
@@ -684,7 +557,7 @@ def _bucket_runs(input_dir: str, env: dict[str, str], cgroup: MemoryCgroup | Non
     start = time.monotonic()
     fs.put(input_dir.rstrip("/") + "/", remote_input, recursive=True)
     upload = time.monotonic() - start
-    input_bytes = _du(input_dir)
+    input_bytes = du(input_dir)
     read, write = bucket_floor(remote_input, sorted(os.listdir(input_dir)), f"{prefix}/floor")
     floor = read + write
     where = "fake-gcs-server on 127.0.0.1" if emulator else prefix
@@ -727,14 +600,14 @@ def _scan(scan_layers: bool) -> str:
 
 def _relayout_command(items_path: str, output_dir: str, devices: str) -> list[str]:
   """The checkpoint at `items_path` laid out again (MaxText -> MaxText): the other --scan_layers, bfloat16."""
-  return [_PYTHON, os.path.join(_REPO, "converter", "main.py"), "--direction=to_maxtext",
+  return [PYTHON, os.path.join(REPO, "converter", "main.py"), "--direction=to_maxtext",
           f"--checkpoint_path={items_path}", f"--output_dir={output_dir}", "--overwrite",
           f"--simulated_cpu_devices_count={devices}", f"--scan_layers={not FLAGS.scan_layers}",
           "--save_dtype=bfloat16", "--noprogress"]
 
 
 def _reverse_command(items_path: str, output_dir: str) -> list[str]:
-  return [_PYTHON, os.path.join(_REPO, "converter", "main.py"), "--direction=to_huggingface",
+  return [PYTHON, os.path.join(REPO, "converter", "main.py"), "--direction=to_huggingface",
           f"--checkpoint_path={items_path}", f"--output_dir={output_dir}", "--noprogress"]
 
 
@@ -785,7 +658,7 @@ def _full_size_dry_runs(env: dict[str, str]) -> ResultTable:
                                           sparse=True)
     print(f"wrote {FLAGS.family} at full size, sparse, to {input_dir} in {time.monotonic() - start:.1f} s",
           flush=True)
-  nbytes = _du(input_dir)
+  nbytes = du(input_dir)
   rows = []
   for devices in FLAGS.devices:
     outputs: list[str] = []
@@ -793,7 +666,7 @@ def _full_size_dry_runs(env: dict[str, str]) -> ResultTable:
                                                                  devices, "--dry_run"), env, None, outputs)
             for _ in range(FLAGS.runs)]
     wall, peak, cpu = (statistics.median(run[k] for run in runs) for k in range(3))
-    predicted = _dry_run_lines(outputs[-1])[0]
+    predicted = dry_run_lines(outputs[-1])["predicted peak RSS"]
     print(f"--dry_run devices={devices}: predicted peak RSS {predicted / 2**30:.2f} GiB", flush=True)
     rows.append((f"{FLAGS.family} full size, --dry_run", f"{nbytes / 1e9:.1f} GB", devices,
                  "on" if FLAGS.scan_layers else "off", f"{wall:.1f} s", f"{peak / 2**30:.2f} GiB", f"{cpu:.1f}",
@@ -802,41 +675,16 @@ def _full_size_dry_runs(env: dict[str, str]) -> ResultTable:
                      " data)", DRY_RUN_COLUMNS, tuple(rows))
 
 
-_UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
-
-
 def dry_run_peak(command: list[str], env: dict[str, str]) -> int:
   """The peak RSS `command` + `--dry_run` predicts (from config.json and the headers alone), in bytes."""
-  return dry_run_figures(command, env)[0]
-
-
-def dry_run_figures(command: list[str], env: dict[str, str]) -> tuple[int, int]:
-  """(the peak RSS, the bytes whose axes it reorders) `command` + `--dry_run` predicts, from the headers alone."""
-  result = subprocess.run([*command, "--dry_run"], env=env, capture_output=True, text=True)
-  peak, transposed = _dry_run_lines(result.stdout)
-  if peak is None or transposed is None:
-    sys.exit(f"--dry_run printed no predicted peak or transposed bytes ({result.returncode}):\n"
-             f"{result.stderr[-3000:]}")
-  return peak, transposed
-
-
-def _dry_run_lines(stdout: str) -> tuple[int | None, int | None]:
-  """(the predicted peak RSS, the transposed bytes) a `--dry_run` printed, None for what it did not."""
-  peak = transposed = None
-  for line in stdout.splitlines():
-    if line.startswith("predicted peak RSS:"):
-      value, unit = line.split(":", 1)[1].split()[:2]
-      peak = int(float(value) * _UNITS[unit])
-    elif line.startswith("transposed bytes:"):
-      transposed = int(line.split(":", 1)[1].split()[0].replace(",", ""))
-  return peak, transposed
+  return dry_run(command, env, "predicted peak RSS")[0]
 
 
 def main(argv: list[str]) -> None:
   del argv  # The page records sys.argv: absl leaves it whole, and argv here lacks the flags.
   started = datetime.datetime.now(datetime.timezone.utc)
   if FLAGS.full_size_dry_run:
-    tables = [_full_size_dry_runs(dict(os.environ, PYTHONPATH=_REPO))]
+    tables = [_full_size_dry_runs(child_env())]
     print_table(tables[0])
     _add_to_results_page(tables, started)
     return
@@ -858,10 +706,10 @@ def main(argv: list[str]) -> None:
   output_dir = os.path.join(FLAGS.work_dir, "out")
   back_dir = os.path.join(FLAGS.work_dir, "back")
   copy_dir = os.path.join(FLAGS.work_dir, "dequantized")
-  env = dict(os.environ, PYTHONPATH=_REPO)
+  env = child_env()
   cgroup = MemoryCgroup(int(FLAGS.memory_limit_gib * 2**30)) if FLAGS.memory_limit_gib else None
-  input_files = _files(input_dir, ".safetensors")
-  input_bytes = _du(input_dir)
+  input_files = files(input_dir, ".safetensors")
+  input_bytes = du(input_dir)
   output_floor_bytes = input_bytes * (2 if quantized else 1)  # FP8 becomes bfloat16.
   floors, native_floors, codec_floors, reverse_floors = [], [], [], []  # codec: (encode, decode, their CPU-s)
   relayout_floors, relayout_encode_floors = [], []  # I/O; the dequantized copy encoded at the relayout's level.
@@ -885,7 +733,8 @@ def main(argv: list[str]) -> None:
     variant_runs, variant_reverse_runs, relayout_runs = [], [], []
     relayout_command = _relayout_command(os.path.join(output_dir, "0", "items"), relayout_dir, devices)
     relayout_predicted_peak = None
-    predicted_peak, transposed = dry_run_figures(_convert_command(input_dir, output_dir, devices), env)
+    predicted_peak, transposed = dry_run(_convert_command(input_dir, output_dir, devices), env,
+                                            "predicted peak RSS", "transposed bytes")
     lora_command = _convert_command(input_dir, output_dir, devices, f"--lora_adapter_path={adapter_dir}")
     lora_predicted_peak = dry_run_peak(lora_command, env) if FLAGS.lora_rank else None
     for _ in range(FLAGS.runs):
@@ -896,26 +745,26 @@ def main(argv: list[str]) -> None:
       copy_floors.append(in_child(copy_floor, input_dir, transposed))
       if FLAGS.variant_flags:  # First, so that the default's output is there for the rows below.
         variant_runs.append((*_run(f"  {' '.join(FLAGS.variant_flags)}", _convert_command(
-            input_dir, output_dir, devices, *FLAGS.variant_flags), env, cgroup), _du(output_dir)))
+            input_dir, output_dir, devices, *FLAGS.variant_flags), env, cgroup), du(output_dir)))
         if FLAGS.reverse:
           shutil.rmtree(back_dir, ignore_errors=True)
           warm(output_dir)
           variant_reverse_runs.append((*_run("  back to HuggingFace", _reverse_command(
-              os.path.join(output_dir, "0", "items"), back_dir), env, cgroup), _du(back_dir)))
+              os.path.join(output_dir, "0", "items"), back_dir), env, cgroup), du(back_dir)))
         shutil.rmtree(output_dir, ignore_errors=True)
       wall, peak, cpu = _run(f"devices={devices}", _convert_command(input_dir, output_dir, devices), env, cgroup)
       walls.append(wall)
       peaks.append(peak)
       cpus.append(cpu)
-      out_bytes = _du(output_dir)
+      out_bytes = du(output_dir)
       if FLAGS.reverse:
         shutil.rmtree(back_dir, ignore_errors=True)
         warm(output_dir)
         reverse_wall, reverse_peak, reverse_cpu = _run("  back to HuggingFace", _reverse_command(
             os.path.join(output_dir, "0", "items"), back_dir), env, cgroup)
-        back_bytes = _du(back_dir)
+        back_bytes = du(back_dir)
         shutil.rmtree(back_dir, ignore_errors=True)
-        reverse_floors.append(in_child(io_floor, _files(output_dir), back_bytes, FLAGS.work_dir))
+        reverse_floors.append(in_child(io_floor, files(output_dir), back_bytes, FLAGS.work_dir))
         reverse_runs.append((reverse_wall, reverse_peak, back_bytes, reverse_cpu))
       if FLAGS.relayout:
         if relayout_predicted_peak is None:  # Planned from the output's metadata: once it is there.
@@ -925,29 +774,29 @@ def main(argv: list[str]) -> None:
         relayout_wall, relayout_peak, relayout_cpu = _run(
             f"  MaxText -> MaxText, scan {_scan(FLAGS.scan_layers)} -> {_scan(not FLAGS.scan_layers)}",
             relayout_command, env, cgroup)
-        relayout_bytes = _du(relayout_dir)
+        relayout_bytes = du(relayout_dir)
         shutil.rmtree(relayout_dir, ignore_errors=True)
-        relayout_floors.append(in_child(io_floor, _files(output_dir), relayout_bytes, FLAGS.work_dir))
+        relayout_floors.append(in_child(io_floor, files(output_dir), relayout_bytes, FLAGS.work_dir))
         relayout_runs.append((relayout_wall, relayout_peak, relayout_cpu, relayout_bytes))
       if FLAGS.lora_rank:
         shutil.rmtree(output_dir, ignore_errors=True)
-        lora_runs.append((*_run("  --lora_adapter_path", lora_command, env, cgroup), _du(output_dir)))
+        lora_runs.append((*_run("  --lora_adapter_path", lora_command, env, cgroup), du(output_dir)))
       if native:
         shutil.rmtree(output_dir, ignore_errors=True)
         native_floors.append(in_child(io_floor, input_files, input_bytes, FLAGS.work_dir))
         # MaxText's fp8 models have no multimodal form: the wrapper's tower stays out of the native conversion.
         native_command = _convert_command(input_dir, output_dir, devices, "--keep_fp8", "--text_only")
         native_wall, native_peak, _ = _run("  --keep_fp8", native_command, env, cgroup)
-        native_runs.append((native_wall, native_peak, _du(output_dir)))
+        native_runs.append((native_wall, native_peak, du(output_dir)))
       if quantized and FLAGS.maxtext_route:
         shutil.rmtree(output_dir, ignore_errors=True)
         shutil.rmtree(copy_dir, ignore_errors=True)
-        dequantize = [_PYTHON, os.path.join(_REPO, "tools", "dequantize_checkpoint.py"), f"--input={input_dir}",
+        dequantize = [PYTHON, os.path.join(REPO, "tools", "dequantize_checkpoint.py"), f"--input={input_dir}",
                       f"--output={copy_dir}"]
         pass_wall, pass_peak, _ = _run("  dequantize pass", dequantize, env, cgroup)
         # The codec's floor on the bytes the conversion writes: dequantized weights compress unlike the packed
         # FP8 input (zstd took 3x as long per byte on DeepSeek-shaped ones).
-        copy_bytes = sum(os.path.getsize(f) for f in _files(copy_dir, ".safetensors"))
+        copy_bytes = sum(os.path.getsize(f) for f in files(copy_dir, ".safetensors"))
         codec_floors.append(in_child(compression_floors, copy_dir, copy_bytes, FLAGS.work_dir, 0, 1, True,
                                      default_zstd_level(dequantizing=True)))
         if FLAGS.relayout:  # A MaxText source is not dequantized: the relayout encodes at the other level.
@@ -1065,8 +914,8 @@ def main(argv: list[str]) -> None:
 
 def _add_to_results_page(tables: Sequence[ResultTable], started: datetime.datetime, notes: Sequence[str] = ()) -> None:
   if FLAGS.results_page:
-    section = render_run_section(tables, started, machine_description(), command_line(sys.argv), notes)
-    print(f"\nresults added to {write_results_page(FLAGS.results_page, section)}")
+    section = render_run_section(tables, started, machine_description(), command_line(sys.argv, "//tools:benchmark"), notes)
+    print(f"\nresults added to {RESULTS_PAGE.write(FLAGS.results_page, section)}")
 
 
 def _route_rows(rows: list, input_bytes: int, io: float, zstd: float) -> list[tuple[str, ...]]:

@@ -13,13 +13,13 @@ from unittest import mock
 import numpy as np
 from absl.testing import absltest, flagsaver
 
-from tools import benchmark
+from tools import benchmark, benchmark_runner
 
 _STARTED = datetime.datetime(2026, 12, 3, 21, 14, 5, tzinfo=datetime.timezone.utc)
 _MACHINE = "2 cores (Test CPU), 23.4 GiB memory, Linux 6.1 x86_64"
 _COMMAND = "bazel run //tools:benchmark -- --family=qwen3_moe --size_gb=2.5 --devices=1,16 --runs=3"
 
-_CONVERSIONS = benchmark.ResultTable(
+_CONVERSIONS = benchmark_runner.ResultTable(
     caption="input 2.49 GB; I/O floor (read the input + write 2.49 GB, fsync) median 2.5 s",
     columns=benchmark.CONVERSION_COLUMNS,
     rows=(
@@ -34,7 +34,7 @@ _CONVERSIONS = benchmark.ResultTable(
          "280 MB/s", "2.6 s", "", "3.43 (I/O)", "3.10", "", "", ""),
     ),
 )
-_SCALING = benchmark.ResultTable(
+_SCALING = benchmark_runner.ResultTable(
     caption="several processes",
     columns=("processes", "wall (median)", "throughput", "CPU, all processes (median)", "peak RSS per process",
              "speed-up (medians)", "speed-up (median of per-round ratios)"),
@@ -64,80 +64,16 @@ def _tables(page: str) -> list[list[list[str]]]:
   return tables
 
 
-class MarkdownTableTest(absltest.TestCase):
-
-  def test_every_row_and_column_is_rendered(self):
-    lines = benchmark.markdown_table(_CONVERSIONS.columns, _CONVERSIONS.rows).splitlines()
-    self.assertLen(lines, 2 + len(_CONVERSIONS.rows))
-    self.assertEqual(_cells(lines[0]), list(_CONVERSIONS.columns))
-    self.assertEqual(lines[1], "|" + "---|" * len(_CONVERSIONS.columns))
-    self.assertEqual([_cells(line) for line in lines[2:]], [list(row) for row in _CONVERSIONS.rows])
-
-  def test_a_pipe_in_a_cell_does_not_add_a_column(self):
-    line = benchmark.markdown_table(("a", "b"), [("x | y", "z")]).splitlines()[2]
-    self.assertEqual(line, "| x \\| y | z |")
-
-  def test_a_row_of_the_wrong_width_is_refused(self):
-    with self.assertRaisesRegex(ValueError, "2 cells in a table of 3 columns"):
-      benchmark.markdown_table(("a", "b", "c"), [("1", "2")])
-
-
 class ResultsPageTest(absltest.TestCase):
 
-  def _section(self, started=_STARTED, tables=(_CONVERSIONS, _SCALING), notes=()):
-    return benchmark.render_run_section(tables, started, _MACHINE, _COMMAND, notes)
-
-  def test_section_holds_date_machine_command_captions_and_every_table(self):
-    section = self._section(notes=["every conversion ran in a memory cgroup limited to 2 GiB"])
-    self.assertTrue(section.startswith("## 2026-12-03 21:14 UTC\n"), section)
-    self.assertIn(f"- machine: {_MACHINE}\n", section)
-    self.assertIn(f"- command: `{_COMMAND}`\n", section)
-    self.assertIn("- every conversion ran in a memory cgroup limited to 2 GiB\n", section)
-    for table in (_CONVERSIONS, _SCALING):
-      self.assertIn(f"\n{table.caption}\n", section)
-    expected = [[list(t.columns)] + [list(row) for row in t.rows] for t in (_CONVERSIONS, _SCALING)]
-    self.assertEqual(_tables(section), expected)
-
-  def test_the_date_is_given_in_utc(self):
-    local = _STARTED.astimezone(datetime.timezone(datetime.timedelta(hours=-8)))
-    self.assertTrue(self._section(started=local).startswith("## 2026-12-03 21:14 UTC\n"))
-
   def test_a_new_page_starts_with_its_title_and_links_its_explanation(self):
-    page = benchmark.add_run_to_results_page(None, self._section())
-    self.assertTrue(page.startswith(benchmark.RESULTS_PAGE_TITLE + "\n"), page)
+    section = benchmark_runner.render_run_section((_CONVERSIONS, _SCALING), _STARTED, _MACHINE, _COMMAND)
+    page = benchmark.RESULTS_PAGE.added(None, section)
+    self.assertTrue(page.startswith("# Benchmark results\n"), page)
     self.assertIn("[benchmarks.md](benchmarks.md)", page)
-    self.assertIn(benchmark.RESULTS_PAGE_MARKER, page)
+    self.assertIn(benchmark.RESULTS_PAGE.marker, page)
     self.assertEqual(len(_tables(page)), 2)
     self.assertTrue(page.endswith("|\n"), page)
-
-  def test_newest_run_comes_first_and_earlier_runs_are_kept_whole(self):
-    first = self._section(tables=(_CONVERSIONS,))
-    later = self._section(started=_STARTED + datetime.timedelta(days=1), tables=(_SCALING,))
-    page = benchmark.add_run_to_results_page(benchmark.add_run_to_results_page(None, first), later)
-    self.assertLess(page.index("## 2026-12-04 21:14 UTC"), page.index("## 2026-12-03 21:14 UTC"))
-    self.assertIn(first, page)
-    self.assertIn(later, page)
-    self.assertEqual(page.count(benchmark.RESULTS_PAGE_TITLE), 1)
-    self.assertEqual(page.count(benchmark.RESULTS_PAGE_MARKER), 1)
-    self.assertNotIn("\n\n\n", page)
-    self.assertEqual(_tables(page), [[list(_SCALING.columns)] + [list(r) for r in _SCALING.rows],
-                                     [list(_CONVERSIONS.columns)] + [list(r) for r in _CONVERSIONS.rows]])
-
-  def test_a_page_edited_without_the_marker_keeps_its_text(self):
-    page = benchmark.add_run_to_results_page("Notes written by hand.\n", self._section())
-    self.assertIn(benchmark.RESULTS_PAGE_MARKER, page)
-    self.assertLess(page.index("## 2026-12-03"), page.index("Notes written by hand."))
-
-  def test_write_results_page_resolves_relative_paths_from_the_workspace(self):
-    workspace = self.create_tempdir().full_path
-    with mock.patch.dict(os.environ, {"BUILD_WORKSPACE_DIRECTORY": workspace}):
-      written = benchmark.write_results_page("docs/benchmark-results.md", self._section())
-      benchmark.write_results_page("docs/benchmark-results.md", self._section(started=_STARTED.replace(day=4)))
-    self.assertEqual(written, os.path.join(workspace, "docs", "benchmark-results.md"))
-    with open(written) as f:
-      page = f.read()
-    self.assertEqual(page.count("## 2026-12-0"), 2)
-    self.assertEqual(os.listdir(os.path.dirname(written)), ["benchmark-results.md"])
 
 
 class RowTest(absltest.TestCase):
@@ -162,19 +98,6 @@ class RowTest(absltest.TestCase):
     self.assertIn("--checkpoint_path=/out/0/items", command)
     self.assertIn("--scan_layers=False", command)
     self.assertIn("--save_dtype=bfloat16", command)
-
-
-class CommandLineTest(absltest.TestCase):
-
-  def test_bazel_run_is_recorded_as_typed(self):
-    with mock.patch.dict(os.environ, {"BUILD_WORKSPACE_DIRECTORY": "/src"}):
-      self.assertEqual(benchmark.command_line(["/runfiles/_main/tools/benchmark.py", "--size_gb=0.1", "--runs=1"]),
-                       "bazel run //tools:benchmark -- --size_gb=0.1 --runs=1")
-
-  def test_a_direct_run_names_the_script_from_the_repository(self):
-    with mock.patch.dict(os.environ, {"BUILD_WORKSPACE_DIRECTORY": ""}):
-      script = os.path.join(os.path.dirname(os.path.abspath(benchmark.__file__)), "benchmark.py")
-      self.assertEqual(benchmark.command_line([script, "--devices=1"]), "python tools/benchmark.py --devices=1")
 
 
 class FloorPiecesTest(absltest.TestCase):

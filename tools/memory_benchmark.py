@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import datetime
 import os
-import shlex
 import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -32,37 +30,30 @@ from collections.abc import Sequence
 from absl import app, flags
 
 from tools import synthetic_checkpoint
-from tools.benchmark import (
-    _PYTHON,
-    _REPO,
-    ResultTable,
-    _children_cpu_seconds,
-    _dry_run_lines,
-    _du,
-    add_run_to_results_page,
-    machine_description,
-    print_table,
-    render_run_section,
-)
-from tools.process_sampling import run_sampled
+from tools.benchmark_runner import (CONVERTER, ResultsPage, ResultTable, child_env, command_line, dry_run, du,
+                                    machine_description, measure, print_table, render_run_section, workspace_path)
 
 FLAGS = flags.FLAGS
 MODELS = ("deepseek3_whole", "kimi_k26_whole", "kimi_k26_random")
 flags.DEFINE_enum("model", "deepseek3_whole", MODELS, "Which model to convert (module docstring).")
 flags.DEFINE_integer("moe_layers", 3, "kimi_k26_random: MoE layers of 384 random INT4 experts (8.45 GB each in,"
                      " 33.8 GB of bfloat16 out, about 17 GB of it stored).")
+flags.DEFINE_string("work_dir", "/tmp/hf2maxtext-memory-benchmark", "Where the synthetic checkpoint and outputs go.")
+flags.DEFINE_boolean("keep_input", True, "Reuse a synthetic checkpoint of the same model and size if present.")
 flags.DEFINE_boolean("keep_output", False, "Leave the outputs in --work_dir (removed after each run by default).")
+flags.DEFINE_boolean("relayout", False, "Also lay the output out again (MaxText -> MaxText, scan off), sampled the"
+                     " same way; with --nokeep_input the input is removed first.")
 flags.DEFINE_string("plot_dir", "docs/memory", "Where each run's plot (PNG) goes, beside the results page.")
-# Shared with tools/benchmark.py, whose flags they are (--relayout: also lay the output out again, scan flipped,
-# sampled the same way; --keep_input: reuse an input of the same model and size), with this benchmark's defaults.
-FLAGS.set_default("results_page", "docs/memory-results.md")
-FLAGS.set_default("work_dir", "/tmp/hf2maxtext-memory-benchmark")
+flags.DEFINE_string("results_page", "docs/memory-results.md", "Markdown page each run is added to, newest first.")
 
 GIB = 1 << 30
 COLUMNS = ("run", "written", "stored", "wall", "CPU-s", "peak RSS", "--dry_run", "prediction off by",
            "max RSS, 2nd fifth", "max RSS, last fifth", "last / 2nd", "plot")
-RESULTS_TITLE = "# Memory over whole-model conversions"
-RESULTS_MARKER = "<!-- tools/memory_benchmark.py adds each run below this line, newest first. -->"
+RESULTS_PAGE = ResultsPage(
+    "# Memory over whole-model conversions",
+    "Written by `tools/memory_benchmark.py` at the end of every run (what it measures:"
+    " [memory-and-streaming.md](memory-and-streaming.md#flat-to-the-last-byte)).",
+    "<!-- tools/memory_benchmark.py adds each run below this line, newest first. -->")
 
 
 def write_input(model: str, moe_layers: int, directory: str) -> tuple[str, int]:
@@ -120,44 +111,22 @@ def draw(trace: Sequence[tuple[float, int]], predicted: int, title: str, path: s
   pyplot.close(figure)
 
 
-def dry_run(command: list[str], env: dict[str, str]) -> tuple[int, int]:
-  """(the peak RSS, the bytes to write) `command` + `--dry_run` predicts."""
-  result = subprocess.run([*command, "--dry_run"], env=env, capture_output=True, text=True)
-  predicted = _dry_run_lines(result.stdout)[0]
-  written = next((int(line.split(":", 1)[1].split()[0].replace(",", "")) for line in result.stdout.splitlines()
-                  if line.startswith("bytes to write:")), None)
-  if predicted is None or written is None:
-    sys.exit(f"--dry_run printed no predicted peak or bytes to write ({result.returncode}):\n"
-             f"{result.stderr[-3000:]}")
-  return predicted, written
-
-
 def measured_run(label: str, command: list[str], output_dir: str, plot: str) -> tuple[str, ...]:
   """`command`'s dry run, then the command sampled; its row of the table, its plot drawn at `plot`."""
-  env = dict(os.environ, PYTHONPATH=_REPO)
-  predicted, written = dry_run(command, env)
+  predicted, written = dry_run(command, child_env(), "predicted peak RSS", "bytes to write")
   trace: list[tuple[float, int]] = []
-  cpu_before = _children_cpu_seconds()
-  wall, peak, result = run_sampled(command, env, trace)
-  cpu = _children_cpu_seconds() - cpu_before
-  if result.returncode:
-    sys.exit(f"{label} failed ({result.returncode}):\n{result.stderr[-3000:]}")
+  measured = measure(label, command, trace=trace)
+  wall, peak, cpu = measured.wall, measured.peak, measured.cpu
   second, last = fifth_peaks(trace)
-  stored = _du(output_dir)
+  stored = du(output_dir)
   print(f"{label}: wall {wall:.0f} s, {cpu:.0f} CPU-s, peak {peak / GIB:.2f} GiB (predicted"
         f" {predicted / GIB:.2f}), second fifth {second / 2**20:.0f} MiB, last {last / 2**20:.0f} MiB", flush=True)
-  draw(trace, predicted, f"{label}: {written / 1e12:.2f} TB written", _page_path(plot))
-  rel = os.path.relpath(_page_path(plot), os.path.dirname(_page_path(FLAGS.results_page)))
+  draw(trace, predicted, f"{label}: {written / 1e12:.2f} TB written", workspace_path(plot))
+  rel = os.path.relpath(workspace_path(plot), os.path.dirname(workspace_path(FLAGS.results_page)))
   return (label, f"{written / 1e9:,.0f} GB", f"{stored / 1e9:,.1f} GB", f"{wall / 60:.1f} min", f"{cpu:,.0f}",
           f"{peak / 2**20:.0f} MiB", f"{predicted / 2**20:.0f} MiB", f"{(predicted - peak) / peak:+.0%}",
           f"{second / 2**20:.0f} MiB", f"{last / 2**20:.0f} MiB", f"{last / second:.3f}" if second else "-",
           f"[png]({rel})")
-
-
-def _page_path(path: str) -> str:
-  if os.path.isabs(path):
-    return path
-  return os.path.join(os.environ.get("BUILD_WORKSPACE_DIRECTORY") or _REPO, path)
 
 
 def main(argv: Sequence[str]) -> None:
@@ -168,9 +137,8 @@ def main(argv: Sequence[str]) -> None:
                                                           else ""))
   label, input_bytes = write_input(FLAGS.model, FLAGS.moe_layers, input_dir)
   output_dir = os.path.join(FLAGS.work_dir, "out")
-  converter = [_PYTHON, os.path.join(_REPO, "converter", "main.py")]
   rows = []
-  forward = [*converter, f"--hf_model_path={input_dir}", f"--output_dir={output_dir}", "--overwrite", "--noprogress"]
+  forward = [*CONVERTER, f"--hf_model_path={input_dir}", f"--output_dir={output_dir}", "--overwrite", "--noprogress"]
   plot = os.path.join(FLAGS.plot_dir, f"{stamp}-{FLAGS.model}.png")
   items = os.path.join(output_dir, "0", "items")
   rows.append(measured_run(label, forward, output_dir, plot))
@@ -178,7 +146,7 @@ def main(argv: Sequence[str]) -> None:
     if not FLAGS.keep_input:  # The re-layout reads the output alone: the disk holds the output and its re-layout.
       shutil.rmtree(input_dir, ignore_errors=True)
     relaid = os.path.join(FLAGS.work_dir, "relayout")
-    command = [*converter, f"--checkpoint_path={items}", f"--output_dir={relaid}", "--overwrite", "--noprogress",
+    command = [*CONVERTER, f"--checkpoint_path={items}", f"--output_dir={relaid}", "--overwrite", "--noprogress",
                "--noscan_layers"]
     rows.append(measured_run(f"{label}, re-laid out (scan off)", command, relaid,
                              os.path.join(FLAGS.plot_dir, f"{stamp}-{FLAGS.model}-relayout.png")))
@@ -189,16 +157,9 @@ def main(argv: Sequence[str]) -> None:
   table = ResultTable(f"input {input_bytes / 1e9:,.1f} GB as the hub ships it; default flags (128 MiB budget, scan"
                       " on, 16 lazy devices); RSS of the whole process tree every 20 ms", COLUMNS, tuple(rows))
   print_table(table)
-  command = "bazel run //tools:memory_benchmark -- " + shlex.join(sys.argv[1:])
-  section = render_run_section([table], started, machine_description(), command)
-  page_path = _page_path(FLAGS.results_page)
-  page = open(page_path).read() if os.path.exists(page_path) else None
-  head = (f"{RESULTS_TITLE}\n\nWritten by `tools/memory_benchmark.py` at the end of every run (what it measures:"
-          " [memory-and-streaming.md](memory-and-streaming.md#flat-to-the-last-byte)).\n\n")
-  with open(page_path + ".tmp", "w") as f:
-    f.write(add_run_to_results_page(page, section, head, RESULTS_MARKER))
-  os.replace(page_path + ".tmp", page_path)
-  print(f"added to {page_path}", flush=True)
+  section = render_run_section([table], started, machine_description(),
+                               command_line(sys.argv, "//tools:memory_benchmark"))
+  print(f"added to {RESULTS_PAGE.write(FLAGS.results_page, section)}", flush=True)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ import tempfile
 
 from absl.testing import absltest, flagsaver
 
-from tools import memory_benchmark
+from tools import benchmark_runner, memory_benchmark
 
 TINY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "testdata", "tiny-qwen3")
 
@@ -34,8 +34,7 @@ class MeasuredRunTest(absltest.TestCase):
         results_page=os.path.join(directory, "page.md")):
       os.environ["MPLCONFIGDIR"] = os.path.join(directory, "matplotlib")  # Its font cache: not in ~/.cache.
       output, plot = os.path.join(directory, "out"), os.path.join(directory, "plots", "tiny.png")
-      command = [memory_benchmark._PYTHON, os.path.join(memory_benchmark._REPO, "converter", "main.py"),
-                 f"--hf_model_path={TINY}", f"--output_dir={output}", "--noprogress"]
+      command = [*benchmark_runner.CONVERTER, f"--hf_model_path={TINY}", f"--output_dir={output}", "--noprogress"]
       row = memory_benchmark.measured_run("tiny", command, output, plot)
       self.assertEqual(len(row), len(memory_benchmark.COLUMNS))
       self.assertTrue(os.path.exists(os.path.join(output, "0", "items")))
