@@ -38,7 +38,6 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
-import mmap
 import os
 import resource
 import shutil
@@ -47,22 +46,20 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
-import numpy as np
 import psutil
 from absl import app, flags
 
-from converter import write_behind
 from converter.layout import chunking
 from converter.planning.plan import default_zstd_level
 from converter.sources import quant_method
-from tools import synthetic_checkpoint
+from tools import floors, synthetic_checkpoint
 from tools.ports import free_port
-from tools.benchmark_runner import (PYTHON, REPO, ResultsPage, ResultTable, child_env, children_cpu_seconds, command_line,
-                                    dry_run, dry_run_lines, du, files, machine_description, markdown_table, measure,
-                                    print_table, render_run_section)
-from tools.process_sampling import run_sampled, tree_rss
+from tools.benchmark_runner import (PYTHON, REPO, ResultsPage, ResultTable, child_env, children_cpu_seconds,
+                                    command_line, dry_run, dry_run_lines, du, files, machine_description,
+                                    markdown_table, measure, print_table, render_run_section)
+from tools.process_sampling import tree_rss
 
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("family", "qwen3_moe", sorted(synthetic_checkpoint.FAMILIES), "Synthetic model family.")
@@ -132,177 +129,6 @@ class MemoryCgroup:
       os.rmdir(self.path)
     except OSError:
       pass
-
-
-def warm(directory: str) -> None:
-  """Reads every file under `directory` into the page cache. The conversions write behind and drop what they
-  wrote (converter/write_behind.py), so the checkpoint a reverse conversion reads would come from the disk,
-  and its floor, run after it, from the cache: warmed first, both read it as every step reads its input."""
-  buffer = bytearray(16 << 20)
-  for path in files(directory):
-    with open(path, "rb", buffering=0) as f:
-      while f.readinto(buffer):
-        pass
-
-
-def _in_flight(calls, depth: int, on_result=lambda result: None) -> float:
-  """Seconds to run `calls` (each starts a tensorstore operation and returns its future), `depth` at a time,
-  handing each result to `on_result` in order."""
-  pending = []
-  start = time.monotonic()
-  for call in calls:
-    pending.append(call())
-    if len(pending) >= depth:
-      on_result(pending.pop(0).result())
-  for future in pending:
-    on_result(future.result())
-  return time.monotonic() - start
-
-
-def io_floor(files: list[str], write_bytes: int, scratch: str) -> float:
-  """Seconds to read every byte of `files` and write `write_bytes` (fsync'd): no conversion that reads those
-  files and writes as much can beat it on this disk. Written behind as the conversions write
-  (converter/write_behind.py): plain writes into fresh page-cache pages cost up to 3x more CPU here."""
-  buffer = bytearray(64 << 20)
-  os.makedirs(scratch, exist_ok=True)
-  out_path = os.path.join(scratch, "floor.bin")
-  left = write_bytes
-  start = time.monotonic()
-  with write_behind.WriteBehindFile(out_path) as out:
-    for path in files:
-      with open(path, "rb", buffering=0) as f:
-        while n := f.readinto(buffer):
-          while n and left > 0:  # Writes as much as was read, until `write_bytes`; then the rest below.
-            chunk = min(n, left)
-            out.write(memoryview(buffer)[:chunk])
-            left -= chunk
-            n -= chunk
-    while left > 0:
-      chunk = min(len(buffer), left)
-      out.write(memoryview(buffer)[:chunk])
-      left -= chunk
-  seconds = time.monotonic() - start  # Closing synced the file.
-  os.remove(out_path)
-  return seconds
-
-
-def compression_floors(input_dir: str, nbytes: int, scratch: str, share: int = 0, shares: int = 1,
-                       decode: bool = True, level: int = default_zstd_level(dequantizing=False)
-                       ) -> tuple[float, float | None, float, float | None]:
-  """Seconds to push `nbytes` of the input's tensor bytes (repeated when the output is larger, as a dequantized
-  FP8 checkpoint is) through the codec the conversions write with (zstd at `level`, the converter's default for
-  the input: `plan.default_zstd_level`) in a zarr3 array on the local disk,
-  through tensorstore on every core, and to read them back into a file: the other floors a conversion cannot
-  beat, beside the I/O one (encoding for the conversion to MaxText, decoding for the reverse). Each takes its
-  bytes from where the conversion finds them to where it leaves them: encoding reads the input files and writes
-  the encoded chunks, decoding reads the chunks and writes the decoded bytes (written behind, as the reverse
-  writes its safetensors). `input_dir` holds the bytes the output is made of (for a quantized checkpoint: its
-  dequantized copy). With `shares`, only every `shares`-th 64 MiB piece from piece `share` on: one process's
-  part of the same work (the scaling runs' control). Returns the seconds of each, and the CPU seconds (all
-  threads, user + system) of each: what the same work costs the conversion's cores.
-
-  Encoding hands tensorstore views of a file map, by reference, as the conversions hand it their blocks: a piece
-  read into a fresh buffer that tensorstore then copied added the zeroing of fresh pages and two copies, which
-  no conversion pays (FP8 conversions to MaxText measured below that floor; docs/benchmark-results.md). The
-  array is chunked as the largest chunks the layouts store (`ChunkRule.max_chunk_bytes`): zstd's cost per byte
-  depends on the chunk's size, and is near its least there (benchmarks.md)."""
-  import tensorstore as ts  # pylint: disable=g-import-not-at-top
-
-  piece, chunk = 64 << 20, chunking.ChunkRule.max_chunk_bytes
-  files = files(input_dir, ".safetensors")
-  count = len(range(share, -(-nbytes // piece), shares))
-  path = os.path.join(scratch, f"compression-floor-{share}.zarr")
-  shutil.rmtree(path, ignore_errors=True)
-  store = ts.open({"driver": "zarr3", "kvstore": {"driver": "file", "path": path},
-                   "metadata": {"shape": [count * piece // 2], "data_type": "uint16",
-                                "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [chunk // 2]}},
-                                "codecs": [{"name": "bytes"}, {"name": "zstd", "configuration": {"level": level}}]}},
-                  create=True, delete_existing=True).result()
-
-  window = lambda i: store[i * (piece // 2):(i + 1) * (piece // 2)]
-  cpu_start = time.process_time()
-  with write_behind.WriteBehindDirectory(path, data_dirs=("c",)):  # zarr3's chunk files, as the conversions' own.
-    pieces = enumerate(floor_pieces(files, count, piece, share, shares))
-    encode = _in_flight((lambda i=i, values=values: window(i).write(values, can_reference_source_data_indefinitely=True)
-                         for i, values in pieces), 4)
-  encode_cpu = time.process_time() - cpu_start
-  if not decode:
-    shutil.rmtree(path, ignore_errors=True)
-    return encode, None, encode_cpu, None
-  warm(path)  # Written behind, hence dropped: read back from the cache, as the reverse reads its checkpoint.
-  decoded_path = os.path.join(scratch, f"decompression-floor-{share}.bin")
-  start, cpu_start = time.monotonic(), time.process_time()
-  with write_behind.WriteBehindFile(decoded_path) as decoded:
-    _in_flight((lambda i=i: window(i).read() for i in range(count)), 4, decoded.write)
-  decoded_seconds = time.monotonic() - start  # Closing synced the file.
-  decode_cpu = time.process_time() - cpu_start
-  os.remove(decoded_path)
-  shutil.rmtree(path, ignore_errors=True)
-  return encode, decoded_seconds, encode_cpu, decode_cpu
-
-
-def copy_floor(input_dir: str, nbytes: int) -> tuple[float, float]:
-  """Seconds and CPU seconds to copy `nbytes` of the input's bytes, warm in the page cache, into a buffer once:
-  what the bytes a conversion must transpose would cost it if a transpose were a plain copy. The codec floor plus
-  this is the transpose floor, the least a conversion that reorders axes can cost (issue 38)."""
-  piece = 64 << 20
-  count = -(-nbytes // piece)
-  files = files(input_dir, ".safetensors")
-  warm(input_dir)  # The conversions find their input in the cache too (the floors before them read it).
-  buffer = np.empty(piece // 2, np.uint16)
-  start, cpu_start = time.monotonic(), time.process_time()
-  for values in floor_pieces(files, count, piece):
-    np.copyto(buffer, values)
-  return time.monotonic() - start, time.process_time() - cpu_start
-
-
-def floor_pieces(files: Sequence[str], count: int, piece: int, share: int = 0,
-                 shares: int = 1) -> Iterator[np.ndarray]:
-  """`count` pieces of `piece` bytes (as uint16) of `files`' bytes, each file cut from its start and its last piece
-  padded with zeros, the files taken again from the first while more are asked for; with `shares`, only every
-  `shares`-th piece from piece `share` on. Whole pieces are views of a read-only file map, not copies."""
-  left, number = count, 0
-  while left:
-    for name in files:
-      size = os.path.getsize(name)
-      if not size:
-        continue
-      with open(name, "rb") as f:
-        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-      for offset in range(0, size, piece):
-        number += 1
-        if (number - 1) % shares != share:
-          continue
-        if not left:
-          return
-        left -= 1
-        if offset + piece <= size:
-          yield np.frombuffer(mapped, np.uint16, count=piece // 2, offset=offset)
-        else:
-          values = np.zeros(piece // 2, np.uint16)
-          values.view(np.uint8)[:size - offset] = np.frombuffer(mapped, np.uint8, offset=offset)
-          yield values
-    if not number:
-      raise ValueError(f"no bytes to encode in {list(files)}")
-
-
-def _child_command(function, *args) -> list[str]:
-  """A command running `function(*args)` (a function of this module) in a child process started the way the
-  conversions are (`PYTHON`, malloc configured as the converter configures it), printing its result as JSON:
-  a floor then runs with the same allocator settings as what it bounds (glibc's huge pages for malloc, set by
-  the launcher, take the compression floor from 3.9 to 2.6 s here). Run it with `child_env()`."""
-  code = ("import json, sys; from converter import malloc; malloc.configure(); from tools import benchmark;"
-          f" print(json.dumps(benchmark.{function.__name__}(*json.loads(sys.argv[1]))))")
-  return [PYTHON, "-c", code, json.dumps(args)]
-
-
-def in_child(function, *args):
-  """`function(*args)` in a child process (`_child_command`); returns its result."""
-  os.sync()  # As before every conversion (run_sampled).
-  result = subprocess.run(_child_command(function, *args), env=child_env(), capture_output=True, text=True)
-  if result.returncode:
-    sys.exit(f"{function.__name__} failed:\n{result.stderr[-3000:]}")
-  return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 # The converter's main.py with `LazyTensor.read` timed: prints, at exit, the wall-clock time its first block read
@@ -447,7 +273,8 @@ def run_codec_processes(input_dir: str, nbytes: int, count: int, cores: list[int
   os.sync()
   cpu_before = children_cpu_seconds()
   start = time.monotonic()
-  share = lambda i: _child_command(compression_floors, input_dir, nbytes, FLAGS.work_dir, i, count, False)
+  share = lambda i: floors.child_command(floors.compression_floors, input_dir, nbytes, FLAGS.work_dir, i, count,
+                                         False)
   children = [subprocess.Popen(["taskset", "-c", str(cores[i]), *share(i)], env=child_env(),
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(count)]
   results = [c.communicate() for c in children]
@@ -506,31 +333,6 @@ def _scaling_runs(input_dir: str, input_bytes: int, env: dict[str, str]) -> Resu
   return table
 
 
-def bucket_floor(remote_dir: str, names: list[str], scratch: str) -> tuple[float, float]:
-  """Seconds to read every byte of `remote_dir`'s objects `names` in 64 MiB ranges, and to write as many bytes as
-  64 MiB objects under `scratch` (deleted after), through tensorstore's kvstore with 8 requests in flight: the
-  bucket's own floor, as io_floor is the disk's."""
-  import tensorstore as ts  # pylint: disable=g-import-not-at-top
-  from converter import storage  # pylint: disable=g-import-not-at-top
-
-  _, bucket, base = storage.split_bucket(remote_dir)
-  store = ts.KvStore.open({"driver": "gcs", "bucket": bucket}).result()
-  piece = 64 << 20
-  ranges = []
-  for name in names:
-    size = storage.size(f"{remote_dir}/{name}")
-    ranges += [(f"{base}/{name}", a, min(a + piece, size)) for a in range(0, size, piece)]
-  total = sum(b - a for _, a, b in ranges)
-
-  read = _in_flight((lambda k=k, a=a, b=b: store.read(k, byte_range=slice(a, b)) for k, a, b in ranges), 8)
-  block = os.urandom(piece)
-  _, _, scratch_base = storage.split_bucket(scratch)
-  count = -(-total // piece)
-  write = _in_flight((lambda i=i: store.write(f"{scratch_base}/{i:06d}", block) for i in range(count)), 8)
-  _in_flight((lambda i=i: store.write(f"{scratch_base}/{i:06d}", None) for i in range(count)), 8)
-  return read, write
-
-
 def _bucket_runs(input_dir: str, env: dict[str, str], cgroup: MemoryCgroup | None) -> ResultTable:
   """gs:// -> gs:// conversions of the same model, against the same kind of floor: the input uploaded to the
   bucket and downloaded back (write + read as many bytes)."""
@@ -558,7 +360,7 @@ def _bucket_runs(input_dir: str, env: dict[str, str], cgroup: MemoryCgroup | Non
     fs.put(input_dir.rstrip("/") + "/", remote_input, recursive=True)
     upload = time.monotonic() - start
     input_bytes = du(input_dir)
-    read, write = bucket_floor(remote_input, sorted(os.listdir(input_dir)), f"{prefix}/floor")
+    read, write = floors.bucket_floor(remote_input, sorted(os.listdir(input_dir)), f"{prefix}/floor")
     floor = read + write
     where = "fake-gcs-server on 127.0.0.1" if emulator else prefix
     caption = (f"bucket ({where}): input uploaded with gcsfs in {upload:.1f} s; I/O floor {floor:.1f} s (read the"
@@ -711,7 +513,7 @@ def main(argv: list[str]) -> None:
   input_files = files(input_dir, ".safetensors")
   input_bytes = du(input_dir)
   output_floor_bytes = input_bytes * (2 if quantized else 1)  # FP8 becomes bfloat16.
-  floors, native_floors, codec_floors, reverse_floors = [], [], [], []  # codec: (encode, decode, their CPU-s)
+  io_floors, native_floors, codec_floors, reverse_floors = [], [], [], []  # codec: (encode, decode, their CPU-s)
   relayout_floors, relayout_encode_floors = [], []  # I/O; the dequantized copy encoded at the relayout's level.
   copy_floors = []  # A plain copy of the bytes the conversion transposes: (seconds, CPU-s).
   median = lambda runs, k: statistics.median(r[k] for r in runs)
@@ -739,16 +541,16 @@ def main(argv: list[str]) -> None:
     lora_predicted_peak = dry_run_peak(lora_command, env) if FLAGS.lora_rank else None
     for _ in range(FLAGS.runs):
       shutil.rmtree(output_dir, ignore_errors=True)  # Disk: input + the floor's copy must fit, not + output too.
-      floors.append(in_child(io_floor, input_files, output_floor_bytes, FLAGS.work_dir))
+      io_floors.append(floors.in_child(floors.io_floor, input_files, output_floor_bytes, FLAGS.work_dir))
       if not quantized:
-        codec_floors.append(in_child(compression_floors, input_dir, output_floor_bytes, FLAGS.work_dir))
-      copy_floors.append(in_child(copy_floor, input_dir, transposed))
+        codec_floors.append(floors.in_child(floors.compression_floors, input_dir, output_floor_bytes, FLAGS.work_dir))
+      copy_floors.append(floors.in_child(floors.copy_floor, input_dir, transposed))
       if FLAGS.variant_flags:  # First, so that the default's output is there for the rows below.
         variant_runs.append((*_run(f"  {' '.join(FLAGS.variant_flags)}", _convert_command(
             input_dir, output_dir, devices, *FLAGS.variant_flags), env, cgroup), du(output_dir)))
         if FLAGS.reverse:
           shutil.rmtree(back_dir, ignore_errors=True)
-          warm(output_dir)
+          floors.warm(output_dir)
           variant_reverse_runs.append((*_run("  back to HuggingFace", _reverse_command(
               os.path.join(output_dir, "0", "items"), back_dir), env, cgroup), du(back_dir)))
         shutil.rmtree(output_dir, ignore_errors=True)
@@ -759,31 +561,31 @@ def main(argv: list[str]) -> None:
       out_bytes = du(output_dir)
       if FLAGS.reverse:
         shutil.rmtree(back_dir, ignore_errors=True)
-        warm(output_dir)
+        floors.warm(output_dir)
         reverse_wall, reverse_peak, reverse_cpu = _run("  back to HuggingFace", _reverse_command(
             os.path.join(output_dir, "0", "items"), back_dir), env, cgroup)
         back_bytes = du(back_dir)
         shutil.rmtree(back_dir, ignore_errors=True)
-        reverse_floors.append(in_child(io_floor, files(output_dir), back_bytes, FLAGS.work_dir))
+        reverse_floors.append(floors.in_child(floors.io_floor, files(output_dir), back_bytes, FLAGS.work_dir))
         reverse_runs.append((reverse_wall, reverse_peak, back_bytes, reverse_cpu))
       if FLAGS.relayout:
         if relayout_predicted_peak is None:  # Planned from the output's metadata: once it is there.
           relayout_predicted_peak = dry_run_peak(relayout_command, env)
         shutil.rmtree(relayout_dir, ignore_errors=True)
-        warm(output_dir)
+        floors.warm(output_dir)
         relayout_wall, relayout_peak, relayout_cpu = _run(
             f"  MaxText -> MaxText, scan {_scan(FLAGS.scan_layers)} -> {_scan(not FLAGS.scan_layers)}",
             relayout_command, env, cgroup)
         relayout_bytes = du(relayout_dir)
         shutil.rmtree(relayout_dir, ignore_errors=True)
-        relayout_floors.append(in_child(io_floor, files(output_dir), relayout_bytes, FLAGS.work_dir))
+        relayout_floors.append(floors.in_child(floors.io_floor, files(output_dir), relayout_bytes, FLAGS.work_dir))
         relayout_runs.append((relayout_wall, relayout_peak, relayout_cpu, relayout_bytes))
       if FLAGS.lora_rank:
         shutil.rmtree(output_dir, ignore_errors=True)
         lora_runs.append((*_run("  --lora_adapter_path", lora_command, env, cgroup), du(output_dir)))
       if native:
         shutil.rmtree(output_dir, ignore_errors=True)
-        native_floors.append(in_child(io_floor, input_files, input_bytes, FLAGS.work_dir))
+        native_floors.append(floors.in_child(floors.io_floor, input_files, input_bytes, FLAGS.work_dir))
         # MaxText's fp8 models have no multimodal form: the wrapper's tower stays out of the native conversion.
         native_command = _convert_command(input_dir, output_dir, devices, "--keep_fp8", "--text_only")
         native_wall, native_peak, _ = _run("  --keep_fp8", native_command, env, cgroup)
@@ -797,11 +599,12 @@ def main(argv: list[str]) -> None:
         # The codec's floor on the bytes the conversion writes: dequantized weights compress unlike the packed
         # FP8 input (zstd took 3x as long per byte on DeepSeek-shaped ones).
         copy_bytes = sum(os.path.getsize(f) for f in files(copy_dir, ".safetensors"))
-        codec_floors.append(in_child(compression_floors, copy_dir, copy_bytes, FLAGS.work_dir, 0, 1, True,
-                                     default_zstd_level(dequantizing=True)))
+        codec_floors.append(floors.in_child(floors.compression_floors, copy_dir, copy_bytes, FLAGS.work_dir, 0, 1,
+                                            True, default_zstd_level(dequantizing=True)))
         if FLAGS.relayout:  # A MaxText source is not dequantized: the relayout encodes at the other level.
-          relayout_encode_floors.append(in_child(compression_floors, copy_dir, copy_bytes, FLAGS.work_dir, 0, 1,
-                                                 False, default_zstd_level(dequantizing=False)))
+          relayout_encode_floors.append(floors.in_child(floors.compression_floors, copy_dir, copy_bytes,
+                                                        FLAGS.work_dir, 0, 1, False,
+                                                        default_zstd_level(dequantizing=False)))
         # At the direct conversion's level: the copy is bf16, which the converter would otherwise store at the
         # level of weights read as trained, and the route would store more bytes than the conversion it is against.
         copy_command = _convert_command(copy_dir, output_dir, devices,
@@ -824,7 +627,7 @@ def main(argv: list[str]) -> None:
     if relayout_runs:
       relayout_rows.append((devices, *(median(relayout_runs, k) for k in range(4)), relayout_predicted_peak))
   shutil.rmtree(output_dir, ignore_errors=True)
-  io = statistics.median(floors)
+  io = statistics.median(io_floors)
   copy_cpu = median(copy_floors, 1)
   if codec_floors:
     encode, decode, encode_cpu, decode_cpu = (median(codec_floors, k) for k in range(4))
