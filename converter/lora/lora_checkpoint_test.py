@@ -2,9 +2,6 @@
 stacked at the kernel's scan axis, or one subtree a layer), its values qwix's factors of the adapter's, and what a
 MaxText LoRA run cannot hold refused by name."""
 
-import json
-import os
-
 import ml_dtypes
 import numpy as np
 from absl.testing import absltest
@@ -12,28 +9,8 @@ from absl.testing import absltest
 from converter.lora import lora_checkpoint, lora_export
 from converter.errors import ConversionError
 from converter.model_config import parse_model_config
-from converter.sources import lora
 from tools.make_tiny_checkpoint import TINY_QWEN3_CONFIG
-from tools.safetensors_writer import write_safetensors
-
-R = 4
-E, HEADS, D, M, LAYERS = (TINY_QWEN3_CONFIG[k] for k in ("hidden_size", "num_attention_heads", "head_dim",
-                                                          "intermediate_size", "num_hidden_layers"))
-
-
-def _adapter(directory: str, config: dict | None = None) -> lora.LoraAdapter:
-  rng = np.random.default_rng(0)
-  tensors = {}
-  for layer in range(LAYERS):
-    for module, (out_dim, in_dim) in (("self_attn.q_proj", (HEADS * D, E)), ("mlp.down_proj", (E, M))):
-      prefix = f"base_model.model.model.layers.{layer}.{module}"
-      tensors[f"{prefix}.lora_A.weight"] = rng.standard_normal((R, in_dim)).astype(np.float32)
-      tensors[f"{prefix}.lora_B.weight"] = rng.standard_normal((out_dim, R)).astype(np.float32)
-  write_safetensors(os.path.join(directory, "adapter_model.safetensors"), tensors)
-  with open(os.path.join(directory, "adapter_config.json"), "w") as f:
-    json.dump({"peft_type": "LORA", "r": R, "lora_alpha": 8, **(config or {})}, f)
-  return lora.read_adapter(directory)
-
+from tools.testing.tiny_adapter import D, E, HEADS, LAYERS, M, R, write_adapter
 
 class LoraCheckpointTest(absltest.TestCase):
 
@@ -42,7 +19,7 @@ class LoraCheckpointTest(absltest.TestCase):
     self.config = parse_model_config(TINY_QWEN3_CONFIG, "config.json")
 
   def test_scanned_factors_stack_at_the_kernels_scan_axis(self):
-    adapter = _adapter(self.create_tempdir().full_path)
+    adapter = write_adapter(self.create_tempdir().full_path)
     checkpoint = lora_checkpoint.plan_lora_checkpoint(adapter, self.config, target_model=None, scan_layers=True,
                                                       save_dtype="bfloat16")
     self.assertEqual((checkpoint.modules, checkpoint.custom_metadata), (2 * LAYERS,
@@ -59,7 +36,7 @@ class LoraCheckpointTest(absltest.TestCase):
     np.testing.assert_array_equal(wo["kernel_lora_b"]["value"][:, 2], b.astype(ml_dtypes.bfloat16))
 
   def test_unscanned_factors_sit_in_each_layers_subtree(self):
-    adapter = _adapter(self.create_tempdir().full_path)
+    adapter = write_adapter(self.create_tempdir().full_path)
     checkpoint = lora_checkpoint.plan_lora_checkpoint(adapter, self.config, target_model=None, scan_layers=False,
                                                       save_dtype="float32")
     self.assertEqual(sorted(checkpoint.tree["decoder"]), [f"layers_{i}" for i in range(LAYERS)])
@@ -68,7 +45,7 @@ class LoraCheckpointTest(absltest.TestCase):
   def test_what_one_rank_and_alpha_cannot_hold_is_refused(self):
     for config, message in (({"use_rslora": True}, "alpha / sqrt"),
                             ({"alpha_pattern": {"q_proj": 16}}, "alpha_pattern")):
-      adapter = _adapter(self.create_tempdir().full_path, config)
+      adapter = write_adapter(self.create_tempdir().full_path, config)
       with self.subTest(message), self.assertRaisesRegex(ConversionError, message):
         lora_checkpoint.plan_lora_checkpoint(adapter, self.config, target_model=None, scan_layers=True,
                                              save_dtype="float32")
