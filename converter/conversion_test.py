@@ -14,6 +14,7 @@ from absl.testing import absltest
 from converter import conversion, storage
 from converter.errors import ConversionError
 from converter.options import PlanOptions, RunContext, SaveOptions
+from converter.planning import lazy_leaves
 from converter.sources.lora import LoraMergedSource
 from tools import lora_adapters, synthetic_checkpoint
 
@@ -101,7 +102,7 @@ class StartUpTest(absltest.TestCase):
 
   def test_read_ahead_asks_for_the_first_written_leaves_bytes_up_to_the_budget(self):
     plan = conversion.plan_conversion("testdata/tiny-qwen3", PlanOptions())
-    first = sorted(plan.leaves, key=lambda leaf: leaf.path)
+    first = lazy_leaves.in_writing_order(plan)  # Smallest leaves first, as the writer takes them.
     ranges = [r for leaf in first for t in leaf.loader.source_tensors() for r in t.byte_ranges]
     with mock.patch.object(storage, "read_ahead") as read_ahead:
       budget = ranges[0][2] - ranges[0][1] + 10  # The first tensor and 10 bytes of the next.
