@@ -51,8 +51,11 @@ class ChecksumTest(parameterized.TestCase):
       self.assertGreater(counts["raised"], trials // 2, (api, counts))
 
   def test_without_checksums_the_same_flips_restore_silently(self):
-    counts = bit_flips.orbax_trials(_converted("--simulated_cpu_devices_count=1", "--nochunk_checksums"), TRIALS // 2)
-    self.assertGreater(counts["silent"], TRIALS // 4, counts)
+    trials = TRIALS // 2
+    counts = bit_flips.orbax_trials(_converted("--simulated_cpu_devices_count=1", "--nochunk_checksums"), trials)
+    # Measured: 65-78% of flips restore silently (60 trials each, two seeds); where they land follows the data files'
+    # random names, so a bound at half of 20 trials failed one run in eight. A quarter is still the control.
+    self.assertGreater(counts["silent"], trials // 4, counts)
 
   @parameterized.named_parameters(
       ("devices1", "--simulated_cpu_devices_count=1"),
