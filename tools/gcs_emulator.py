@@ -80,14 +80,24 @@ class GcsEmulator:
         try:
           with urllib.request.urlopen(f"{self.url}/storage/v1/b", timeout=2) as response:
             listed = {item["name"] for item in json.load(response).get("items", [])}
-          if self._stored_buckets() <= listed:  # After a restart: every bucket it kept, before anyone asks.
-            return True
+          if self._stored_buckets() <= listed and all(self._lists(bucket) for bucket in listed):
+            return True  # After a restart: every bucket it kept, its objects listed, before anyone asks.
         except (urllib.error.URLError, ConnectionError, OSError, ValueError):
           pass
       time.sleep(0.1)
     self.stop()
     raise RuntimeError(f"fake-gcs-server did not answer on {self.url} with every bucket it keeps within"
                        f" {_START_TIMEOUT_S:.0f} s; {self._state()}")
+
+  def _lists(self, bucket: str) -> bool:
+    """Whether the server lists `bucket`'s objects: a restarted server has answered 404 for a bucket it had just
+    listed (once in CI, under load), before its objects were loaded."""
+    try:
+      with urllib.request.urlopen(f"{self.url}/storage/v1/b/{urllib.parse.quote(bucket, safe='')}/o?maxResults=1",
+                                  timeout=2):
+        return True
+    except (urllib.error.URLError, ConnectionError, OSError):
+      return False
 
   def _stored_buckets(self) -> set[str]:
     """The buckets the filesystem backend keeps under the root (a directory each)."""
