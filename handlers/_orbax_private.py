@@ -45,9 +45,9 @@ def add_to_default_ts_contexts(resources: dict) -> None:
 _stock_ocdbt_kvstore_tspec = _ts_utils._build_ocdbt_kvstore_tspec  # pylint: disable=protected-access
 
 
-def configure_process_btree_nodes(max_decoded_node_bytes: int | None) -> None:
-  """Caps the B-tree nodes of every per-process OCDBT database this process writes from now on (None: Orbax's
-  100 MB, which keeps a whole checkpoint's index in one leaf that every commit rewrites).
+def configure_process_btree_nodes(max_decoded_node_bytes: int) -> None:
+  """Caps the B-tree nodes of every per-process OCDBT database this process writes from now on (Orbax's 100 MB
+  keeps a whole checkpoint's index in one leaf that every commit rewrites).
 
   Orbax writes each process's arrays into a database of its own (`ocdbt.process_N`) and, once all are written,
   copies their entries into the checkpoint's database in one transaction (`merge_ocdbt_per_process_files`),
@@ -59,7 +59,7 @@ def configure_process_btree_nodes(max_decoded_node_bytes: int | None) -> None:
   def build(directory, name=None, *, process_spec=None, write_options=None, **kwargs):
     spec = _stock_ocdbt_kvstore_tspec(directory, name, process_spec=process_spec, write_options=write_options,
                                       **kwargs)
-    if max_decoded_node_bytes is not None and process_spec is not None and "config" in spec:
+    if process_spec is not None and "config" in spec:
       spec["config"] = {**spec["config"], "max_decoded_node_bytes": max_decoded_node_bytes}
     return spec
 
