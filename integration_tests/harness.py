@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -17,6 +18,11 @@ from tools.testing.reused_process import ReusedProcess
 
 CONVERTER_MAIN = os.path.join(os.path.dirname(converter.__file__), "main.py")
 REPO_ROOT = os.path.dirname(os.path.dirname(converter.__file__))
+
+if not os.environ.get("TEST_TMPDIR"):  # Run as a plain script, not by Bazel: a scratch root removed at exit, so
+  # that the scratch directories, emulators' roots and converter children (which inherit it) leave nothing behind.
+  os.environ["TEST_TMPDIR"] = tempfile.mkdtemp(prefix="hf2maxtext-test-")
+  atexit.register(shutil.rmtree, os.environ["TEST_TMPDIR"], ignore_errors=True)
 
 
 def test_platform() -> str:
