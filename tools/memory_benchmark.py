@@ -21,6 +21,7 @@ ratio says whether memory grows with the bytes written (the first fifth is start
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import shutil
 import sys
@@ -38,11 +39,19 @@ MODELS = ("deepseek3_whole", "kimi_k26_whole", "kimi_k26_random")
 flags.DEFINE_enum("model", "deepseek3_whole", MODELS, "Which model to convert (module docstring).")
 flags.DEFINE_integer("moe_layers", 3, "kimi_k26_random: MoE layers of 384 random INT4 experts (8.45 GB each in,"
                      " 33.8 GB of bfloat16 out, about 17 GB of it stored).")
+flags.DEFINE_integer("experts", 384, "kimi_k26_random: routed experts per MoE layer (Kimi-K2.6 has 384; fewer sizes"
+                     " a run between whole layers, each expert 22 MB in and 88 MB of bfloat16 out).")
 flags.DEFINE_string("work_dir", "/tmp/hf2maxtext-memory-benchmark", "Where the synthetic checkpoint and outputs go.")
 flags.DEFINE_boolean("keep_input", True, "Reuse a synthetic checkpoint of the same model and size if present.")
 flags.DEFINE_boolean("keep_output", False, "Leave the outputs in --work_dir (removed after each run by default).")
 flags.DEFINE_boolean("relayout", False, "Also lay the output out again (MaxText -> MaxText, scan off), sampled the"
                      " same way; with --nokeep_input the input is removed first.")
+flags.DEFINE_enum("compression", "zstd", ["zstd", "none"], "The converter's --compression: none stores the"
+                  " bfloat16 as written, 4x an INT4 input (the most stored bytes a disk's input allows).")
+flags.DEFINE_float("input_tmpfs_gb", 0, "GB of the synthetic input's shards moved to --tmpfs_dir and symlinked from"
+                   " the input directory, so that a random run's input and its output fit one disk; those shards are"
+                   " removed at the end of the run, the rest of the input kept as --keep_input says.")
+flags.DEFINE_string("tmpfs_dir", "/dev/shm/hf2maxtext-memory-benchmark", "Where --input_tmpfs_gb puts shards.")
 flags.DEFINE_string("plot_dir", "docs/memory", "Where each run's plot (PNG) goes, beside the results page.")
 flags.DEFINE_string("results_page", "docs/memory-results.md", "Markdown page each run is added to, newest first.")
 
@@ -66,15 +75,47 @@ def write_input(model: str, moe_layers: int, directory: str) -> tuple[str, int]:
     config, sparse, label = synthetic_checkpoint.kimi_k26_config(), True, "Kimi-K2.6 1T whole, sparse"
     shapes = list(synthetic_checkpoint.kimi_k26_shapes(config))
   else:
-    config = synthetic_checkpoint.kimi_k26_config(layers=1 + moe_layers, vocab=16384)
-    sparse, label = False, f"Kimi-K2.6 widths, {moe_layers} MoE layers, random INT4"
+    config = synthetic_checkpoint.kimi_k26_config(layers=1 + moe_layers, experts=FLAGS.experts, vocab=16384)
+    sparse, label = False, f"Kimi-K2.6 widths, {moe_layers} MoE layers of {FLAGS.experts} experts, random INT4"
     shapes = list(synthetic_checkpoint.kimi_k26_shapes(config))
-  if not (FLAGS.keep_input and os.path.exists(os.path.join(directory, "model.safetensors.index.json"))):
+  if not (FLAGS.keep_input and _complete(directory)):
     shutil.rmtree(directory, ignore_errors=True)
     start = time.monotonic()
     synthetic_checkpoint.write_checkpoint(directory, config, shapes, sparse=sparse)
     print(f"wrote {label} to {directory} in {time.monotonic() - start:.0f} s", flush=True)
   return label, sum(synthetic_checkpoint.tensor_bytes(t) for t in shapes)
+
+
+def _complete(directory: str) -> bool:
+  """Whether `directory` holds a whole synthetic checkpoint: its index, and every shard it names (a shard moved to
+  tmpfs by an earlier run is gone once that run ended)."""
+  try:
+    with open(os.path.join(directory, "model.safetensors.index.json")) as f:
+      shards = set(json.load(f)["weight_map"].values())
+  except FileNotFoundError:
+    return False
+  return all(os.path.exists(os.path.join(directory, shard)) for shard in shards)
+
+
+def move_to_tmpfs(directory: str, tmpfs_dir: str, budget: int) -> list[str]:
+  """Moves whole shards of `directory`, largest first, to `tmpfs_dir` while they fit `budget` bytes, each left as a
+  symlink; returns the moved files. The converter maps a tmpfs file as it maps one on disk (its pages count in RSS
+  while mapped and are dropped the same way), so where a shard lies does not change what is measured."""
+  shards = sorted((entry for entry in os.scandir(directory)
+                   if entry.name.endswith(".safetensors") and not entry.is_symlink()),
+                  key=lambda entry: entry.stat().st_size, reverse=True)
+  os.makedirs(tmpfs_dir, exist_ok=True)
+  moved: list[str] = []
+  for entry in shards:
+    size = entry.stat().st_size
+    if size > budget:
+      continue
+    target = os.path.join(tmpfs_dir, entry.name)
+    shutil.move(entry.path, target)
+    os.symlink(target, entry.path)
+    moved.append(target)
+    budget -= size
+  return moved
 
 
 def fifth_peaks(trace: Sequence[tuple[float, int]]) -> tuple[int, int]:
@@ -133,12 +174,23 @@ def main(argv: Sequence[str]) -> None:
   del argv
   started = datetime.datetime.now(datetime.timezone.utc)
   stamp = started.strftime("%Y%m%d-%H%M")
-  input_dir = os.path.join(FLAGS.work_dir, FLAGS.model + (f"-{FLAGS.moe_layers}" if "random" in FLAGS.model
+  input_dir = os.path.join(FLAGS.work_dir, FLAGS.model + (f"-{FLAGS.moe_layers}x{FLAGS.experts}" if "random" in FLAGS.model
                                                           else ""))
   label, input_bytes = write_input(FLAGS.model, FLAGS.moe_layers, input_dir)
+  on_tmpfs = move_to_tmpfs(input_dir, FLAGS.tmpfs_dir, int(FLAGS.input_tmpfs_gb * 1e9)) if FLAGS.input_tmpfs_gb else []
+  try:
+    _runs(label, input_bytes, input_dir, started, stamp)
+  finally:
+    for path in on_tmpfs:
+      os.remove(path)
+
+
+def _runs(label: str, input_bytes: int, input_dir: str, started: datetime.datetime, stamp: str) -> None:
+  """The conversion, and with --relayout its re-layout, each sampled; their table added to the results page."""
   output_dir = os.path.join(FLAGS.work_dir, "out")
   rows = []
-  forward = [*CONVERTER, f"--hf_model_path={input_dir}", f"--output_dir={output_dir}", "--overwrite", "--noprogress"]
+  forward = [*CONVERTER, f"--hf_model_path={input_dir}", f"--output_dir={output_dir}", "--overwrite", "--noprogress",
+             f"--compression={FLAGS.compression}"]
   plot = os.path.join(FLAGS.plot_dir, f"{stamp}-{FLAGS.model}.png")
   items = os.path.join(output_dir, "0", "items")
   rows.append(measured_run(label, forward, output_dir, plot))
@@ -147,14 +199,15 @@ def main(argv: Sequence[str]) -> None:
       shutil.rmtree(input_dir, ignore_errors=True)
     relaid = os.path.join(FLAGS.work_dir, "relayout")
     command = [*CONVERTER, f"--checkpoint_path={items}", f"--output_dir={relaid}", "--overwrite", "--noprogress",
-               "--noscan_layers"]
+               "--noscan_layers", f"--compression={FLAGS.compression}"]
     rows.append(measured_run(f"{label}, re-laid out (scan off)", command, relaid,
                              os.path.join(FLAGS.plot_dir, f"{stamp}-{FLAGS.model}-relayout.png")))
     if not FLAGS.keep_output:
       shutil.rmtree(relaid, ignore_errors=True)
   if not FLAGS.keep_output:
     shutil.rmtree(output_dir, ignore_errors=True)
-  table = ResultTable(f"input {input_bytes / 1e9:,.1f} GB as the hub ships it; default flags (128 MiB budget, scan"
+  flags_used = "default flags" + (", --compression=none" if FLAGS.compression == "none" else "")
+  table = ResultTable(f"input {input_bytes / 1e9:,.1f} GB as the hub ships it; {flags_used} (128 MiB budget, scan"
                       " on, 16 lazy devices); RSS of the whole process tree every 20 ms", COLUMNS, tuple(rows))
   print_table(table)
   section = render_run_section([table], started, machine_description(),

@@ -1,6 +1,7 @@
 """The memory benchmark's measures: the fifths' peaks it judges flatness by, the plot it draws, and the run it
 samples (the converter on the bundled tiny checkpoint, its dry run beside it)."""
 
+import json
 import os
 import tempfile
 
@@ -25,6 +26,30 @@ class FifthPeaksTest(absltest.TestCase):
     self.assertLess(last / second, 1.01)
     second, last = memory_benchmark.fifth_peaks(growing)
     self.assertGreater(last / second, 1.1)
+
+
+class InputOnTmpfsTest(absltest.TestCase):
+
+  def test_whole_shards_largest_first_within_the_budget_left_as_links(self):
+    directory, tmpfs = self.create_tempdir().full_path, os.path.join(self.create_tempdir().full_path, "shm")
+    sizes = {"model-00001-of-00003.safetensors": 5, "model-00002-of-00003.safetensors": 3,
+             "model-00003-of-00003.safetensors": 2}
+    for name, size in sizes.items():
+      with open(os.path.join(directory, name), "wb") as f:
+        f.write(bytes(range(size)))
+    with open(os.path.join(directory, "model.safetensors.index.json"), "w") as f:
+      json.dump({"weight_map": {f"t{i}": name for i, name in enumerate(sizes)}}, f)
+    moved = memory_benchmark.move_to_tmpfs(directory, tmpfs, budget=7)
+    self.assertEqual([os.path.basename(p) for p in moved],
+                     ["model-00001-of-00003.safetensors", "model-00003-of-00003.safetensors"])
+    for name, size in sizes.items():
+      path = os.path.join(directory, name)
+      self.assertEqual(os.path.islink(path), os.path.join(tmpfs, name) in moved)
+      with open(path, "rb") as f:
+        self.assertEqual(f.read(), bytes(range(size)))
+    self.assertTrue(memory_benchmark._complete(directory))
+    os.remove(moved[0])  # What the end of a run does: the next run must write the input again.
+    self.assertFalse(memory_benchmark._complete(directory))
 
 
 class MeasuredRunTest(absltest.TestCase):
