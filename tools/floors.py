@@ -98,7 +98,7 @@ def compression_floors(input_dir: str, nbytes: int, scratch: str, share: int = 0
   import tensorstore as ts  # pylint: disable=g-import-not-at-top
 
   piece, chunk = 64 << 20, chunking.ChunkRule.max_chunk_bytes
-  files = files(input_dir, ".safetensors")
+  inputs = files(input_dir, ".safetensors")
   count = len(range(share, -(-nbytes // piece), shares))
   path = os.path.join(scratch, f"compression-floor-{share}.zarr")
   shutil.rmtree(path, ignore_errors=True)
@@ -111,7 +111,7 @@ def compression_floors(input_dir: str, nbytes: int, scratch: str, share: int = 0
   window = lambda i: store[i * (piece // 2):(i + 1) * (piece // 2)]
   cpu_start = time.process_time()
   with write_behind.WriteBehindDirectory(path, data_dirs=("c",)):  # zarr3's chunk files, as the conversions' own.
-    pieces = enumerate(floor_pieces(files, count, piece, share, shares))
+    pieces = enumerate(floor_pieces(inputs, count, piece, share, shares))
     encode = _in_flight((lambda i=i, values=values: window(i).write(values, can_reference_source_data_indefinitely=True)
                          for i, values in pieces), 4)
   encode_cpu = time.process_time() - cpu_start
@@ -136,11 +136,11 @@ def copy_floor(input_dir: str, nbytes: int) -> tuple[float, float]:
   this is the transpose floor, the least a conversion that reorders axes can cost (issue 38)."""
   piece = 64 << 20
   count = -(-nbytes // piece)
-  files = files(input_dir, ".safetensors")
+  inputs = files(input_dir, ".safetensors")
   warm(input_dir)  # The conversions find their input in the cache too (the floors before them read it).
   buffer = np.empty(piece // 2, np.uint16)
   start, cpu_start = time.monotonic(), time.process_time()
-  for values in floor_pieces(files, count, piece):
+  for values in floor_pieces(inputs, count, piece):
     np.copyto(buffer, values)
   return time.monotonic() - start, time.process_time() - cpu_start
 

@@ -47,5 +47,20 @@ class FloorPiecesTest(absltest.TestCase):
       next(floors.floor_pieces([empty], 1, 8))
 
 
+class FloorsRunTest(absltest.TestCase):
+  """Each floor run end to end on a small input: what the benchmark calls, with the seconds it reports."""
+
+  def test_the_codec_and_copy_floors_measure_the_inputs_bytes(self):
+    directory, scratch = self.create_tempdir().full_path, self.create_tempdir().full_path
+    with open(os.path.join(directory, "model.safetensors"), "wb") as f:
+      f.write(np.random.default_rng(0).integers(0, 1 << 16, 1 << 20, np.uint16).tobytes())
+    encode, decode, encode_cpu, decode_cpu = floors.compression_floors(directory, 2 << 20, scratch, 0, 1, True, 1)
+    self.assertTrue(all(value > 0 for value in (encode, decode, encode_cpu, decode_cpu)))
+    self.assertEqual(os.listdir(scratch), [])  # Its arrays and decoded file removed.
+    seconds, cpu = floors.copy_floor(directory, 2 << 20)
+    self.assertGreater(seconds, 0)
+    self.assertGreaterEqual(cpu, 0)
+
+
 if __name__ == "__main__":
   absltest.main()
