@@ -53,7 +53,9 @@ flags.DEFINE_boolean("lora_adapter_only", False, "to_maxtext with --lora_adapter
                      " (lora.lora_restore_path), instead of merging it; of --hf_model_path only config.json is read"
                      " (docs/lora.md).")
 flags.DEFINE_string("output_dir", None, "to_maxtext: directory for the Orbax checkpoint (step 0 is written to"
-                    " OUTPUT_DIR/0). to_huggingface: the HF checkpoint directory to create.")
+                    " OUTPUT_DIR/0). to_huggingface: the HF checkpoint directory to create, or a Hub repo,"
+                    " hf://ORG/NAME[@BRANCH], pushed in one commit (docs/buckets-and-hub.md).")
+flags.DEFINE_boolean("hub_private", False, "to_huggingface to hf://: create the repo private when it does not exist.")
 flags.DEFINE_string("checkpoint_path", None, "A MaxText checkpoint to read (OUTPUT_DIR/0/items, or a step directory):"
                     " to_huggingface: converted back. to_maxtext (instead of --hf_model_path): laid out again as a"
                     " params-only checkpoint with --scan_layers, --save_dtype and the chunk flags (ours, MaxText's"
@@ -198,6 +200,7 @@ def _run_to_huggingface() -> None:
       read_ahead_bytes=FLAGS.max_inflight_bytes,
       lora_alpha=FLAGS.lora_alpha,
       lora_checkpoint_path=_resolve(FLAGS.lora_checkpoint_path) if FLAGS.lora_checkpoint_path else None,
+      hub_private=FLAGS.hub_private,
   )
   if FLAGS.export == "lora_adapter":
     _export_lora_adapter(options, run, start)
@@ -252,6 +255,9 @@ def run() -> None:
     _run_to_huggingface()
   elif FLAGS["export"].present:
     raise app.UsageError("--export applies to --direction=to_huggingface only")
+  elif FLAGS.output_dir.startswith("hf://") or FLAGS["hub_private"].present:
+    raise app.UsageError("--output_dir=hf://... (and --hub_private) are the way back's (--direction=to_huggingface):"
+                         " a MaxText checkpoint is written to a disk or gs://")
   elif not FLAGS.checkpoint_path and (FLAGS["lora_alpha"].present or FLAGS["lora_checkpoint_path"].present):
     raise app.UsageError("--lora_checkpoint_path and --lora_alpha merge a MaxText LoRA checkpoint into a MaxText"
                          " checkpoint (--checkpoint_path); a PEFT adapter merges through --lora_adapter_path")

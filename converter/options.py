@@ -59,6 +59,7 @@ class ReverseOptions:
   lora_alpha: float | None = None  # --export=lora_adapter: for checkpoints whose metadata records no lora_alpha.
   # A MaxText LoRA checkpoint (its qwix factors) merged into the base on the way back: one full HF model.
   lora_checkpoint_path: str | None = None
+  hub_private: bool = False  # An hf:// output repo that does not exist is created private.
 
 
 @dataclasses.dataclass(frozen=True)

@@ -68,10 +68,11 @@ def converter_command(*flags: str) -> list[str]:
   return [sys.executable, CONVERTER_MAIN, *flags]
 
 
-def run_converter(*flags: str, check: bool = True) -> subprocess.CompletedProcess:
-  """`bazel run //converter -- FLAGS` as a user runs it, in a fresh process (JAX's device count is per process)."""
-  result = subprocess.run(converter_command(*flags), env=converter_env(), capture_output=True, text=True,
-                          timeout=900)
+def run_converter(*flags: str, check: bool = True, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+  """`bazel run //converter -- FLAGS` as a user runs it, in a fresh process (JAX's device count is per process),
+  with `env` added to its environment."""
+  result = subprocess.run(converter_command(*flags), env=converter_env(**(env or {})), capture_output=True,
+                          text=True, timeout=900)
   if check and result.returncode != 0:
     raise AssertionError(f"converter {' '.join(flags)} failed ({result.returncode}):\n{result.stderr[-4000:]}")
   return result

@@ -1,8 +1,12 @@
 """`--hf_model_path=ORG/NAME`: through a local stand-in for the Hub's file endpoint, and offline from a cache laid
-out as huggingface_hub lays it out; the result equals converting the same files from a local directory."""
+out as huggingface_hub lays it out; the result equals converting the same files from a local directory. And
+`--output_dir=hf://ORG/NAME[@BRANCH]`, the way back pushed through the stand-in's upload endpoints (LFS, as
+huggingface_hub sends with Xet off): its files equal the local way back's, an interrupted push sends only what is
+missing when run again, and a refused token or a repo holding another checkpoint is said and changes nothing."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -10,7 +14,7 @@ import subprocess
 from absl.testing import absltest
 
 from integration_tests import fixtures, harness
-from integration_tests import hub_stand_in
+from tools import hub_stand_in
 
 harness.start_jax()
 
@@ -28,9 +32,11 @@ class HubTest(absltest.TestCase):
     cls.model = fixtures.write_moe("hub-hf-", fixtures.SMALL_MOE, max_shard_bytes=2 << 20)
     cls.shards = sorted(n for n in os.listdir(cls.model) if n.endswith(".safetensors"))
     # What a real repo also holds, and a conversion must not fetch.
-    for extra in ("tokenizer.json", "pytorch_model.bin", "README.md"):
+    for extra in ("tokenizer.json", "pytorch_model.bin"):
       with open(os.path.join(cls.model, extra), "wb") as f:
         f.write(os.urandom(1 << 16))
+    with open(os.path.join(cls.model, "README.md"), "w") as f:
+      f.write("---\nlicense: apache-2.0\n---\n# A model card, copied by the way back and pushed with it\n")
     cls.reference = cls.convert(cls.model)
 
   @classmethod
@@ -60,6 +66,117 @@ class HubTest(absltest.TestCase):
     self.assertLen(lines, 1, result.stderr[-2000:])
     self.assertNotIn("Traceback", result.stderr)
     return lines[0]
+
+  def way_back(self, output_dir: str, *flags: str, env: dict[str, str] | None = None,
+               check: bool = True) -> subprocess.CompletedProcess:
+    """The way back of the reference conversion in 1 MB shards (several, each sent on its own)."""
+    child_env = harness.converter_env(HF_HUB_DISABLE_XET="1", **(env or {}))
+    child_env.pop("HF_HUB_OFFLINE", None)
+    result = subprocess.run(harness.converter_command(
+        "--direction=to_huggingface", f"--checkpoint_path={os.path.join(self.reference, '0', 'items')}",
+        f"--output_dir={output_dir}", "--max_shard_size=1MB", "--noprogress", *flags),
+        env=child_env, capture_output=True, text=True, timeout=600)
+    if check:
+      self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+    return result
+
+  def local_way_back(self) -> dict[str, bytes]:
+    """The files the way back writes to a local directory (written once)."""
+    if not hasattr(type(self), "_local_files"):
+      back = os.path.join(harness.scratch_dir("hub-local-back-"), "hf")
+      self.way_back(back)
+      files = {}
+      for name in sorted(os.listdir(back)):
+        with open(os.path.join(back, name), "rb") as f:
+          files[name] = f.read()
+      type(self)._local_files = files
+    return type(self)._local_files
+
+  def assert_same_files(self, files: dict[str, bytes], expected: dict[str, bytes]) -> None:
+    digest = lambda tree: {name: hashlib.sha256(data).hexdigest() for name, data in tree.items()}
+    self.assertEqual(digest(files), digest(expected))
+
+  def test_the_way_back_pushed_in_one_commit_converts_as_the_original(self):
+    local = self.local_way_back()
+    shards = [n for n in local if n.endswith(".safetensors")]
+    self.assertGreater(len(shards), 2)
+    cache = harness.scratch_dir("hub-cache-")
+    with hub_stand_in.HubStandIn({}, tokens={"hf_write"}, multipart_bytes=256 << 10) as hub:
+      env = {"HF_ENDPOINT": hub.url, "HF_TOKEN": "hf_write", "HF_HUB_CACHE": cache}
+      result = self.way_back("hf://tiny-org/tiny-back@converted", "--hub_private", env=env)
+      self.assertIn("output:        hf://tiny-org/tiny-back@converted", result.stdout)
+      self.assert_same_files(hub.files("tiny-org/tiny-back", "converted"), local)
+      self.assertEqual(hub.files("tiny-org/tiny-back", "main"), {})  # Only the branch named got the commit.
+      self.assertTrue(hub.private["tiny-org/tiny-back"])
+      self.assertLen(hub.commits, 1)
+      self.assertEqual(sorted(hub.commits[0]["added"]), sorted(local))
+      self.assertIsNotNone(hub.commits[0]["header"].get("parentCommit"))
+      self.assertLen(hub.lfs, len(shards))  # Each shard one object, in parts of 256 KiB where larger.
+      self.assertGreater(len(hub.uploads), len(shards))
+      # What a user does next: convert the pushed repo from the Hub, which gives the original checkpoint back.
+      self.assert_same_as_local(self.convert("tiny-org/tiny-back", "--revision=converted", env=env))
+
+  def test_an_interrupted_push_sends_only_what_is_missing(self):
+    local = self.local_way_back()
+    shards = sorted(n for n in local if n.endswith(".safetensors"))
+    scratch = harness.scratch_dir("hub-staging-")
+    with hub_stand_in.HubStandIn({}, hold_upload=2) as hub:
+      env = harness.converter_env(HF_ENDPOINT=hub.url, HF_HUB_DISABLE_XET="1", HF_TOKEN="hf_write", TMPDIR=scratch)
+      env.pop("HF_HUB_OFFLINE", None)
+      interrupted = subprocess.Popen(harness.converter_command(
+          "--direction=to_huggingface", f"--checkpoint_path={os.path.join(self.reference, '0', 'items')}",
+          "--output_dir=hf://tiny-org/tiny-back", "--max_shard_size=1MB", "--noprogress"),
+          env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+      try:
+        self.assertTrue(hub.holding.wait(300), "the second shard's upload never started")
+        # The first shard, sent, left the disk; the second is being sent, at most the third waits for it.
+        staged = [n for d in os.listdir(scratch) for n in os.listdir(os.path.join(scratch, d))]
+        self.assertNotIn(shards[0], staged)
+        self.assertIn(shards[1], staged)
+        self.assertLessEqual(len(staged), 2)
+      finally:
+        interrupted.kill()  # As a preempted machine stops: mid-upload, nothing cleaned up.
+        interrupted.wait()
+      hub.hold_upload = None
+      hub.release()
+      self.assertEqual((hub.commits, hub.files("tiny-org/tiny-back")), ([], {}))
+      sent = set(hub.lfs)
+      self.assertLen(sent, 1)
+      hub.uploads.clear()
+      self.way_back("hf://tiny-org/tiny-back", env={"HF_ENDPOINT": hub.url, "HF_TOKEN": "hf_write"})
+      self.assert_same_files(hub.files("tiny-org/tiny-back"), local)
+      self.assertLen(hub.uploads, len(shards) - 1)
+      self.assertFalse(sent & set(hub.uploads))
+
+  def test_a_refused_token_and_a_repo_holding_a_checkpoint_change_nothing(self):
+    local = self.local_way_back()
+    existing = harness.scratch_dir("hub-existing-")
+    before = {"USAGE.md": b"Files that are not weights stay.\n", "model.safetensors": b"stale weights",
+              "config.json": b"{}"}
+    for name, data in before.items():
+      with open(os.path.join(existing, name), "wb") as f:
+        f.write(data)
+    with hub_stand_in.HubStandIn({"tiny-org/existing": existing}, tokens={"hf_write"}) as hub:
+      repo = "hf://tiny-org/existing"
+      line = self.error_line(self.way_back(repo, "--overwrite", env={"HF_ENDPOINT": hub.url, "HF_TOKEN": "hf_read"},
+                                           check=False))
+      self.assertIn(repo, line)
+      self.assertIn("refused the token", line)
+      env = {"HF_ENDPOINT": hub.url, "HF_TOKEN": "hf_write"}
+      line = self.error_line(self.way_back(repo, env=env, check=False))
+      self.assertIn(f"{repo} (default branch): the repo already holds a checkpoint (config.json, model.safetensors)",
+                    line)
+      self.assertIn("--overwrite", line)
+      self.assertEqual((hub.commits, hub.files("tiny-org/existing")), ([], before))
+      self.way_back(repo, "--overwrite", env=env)
+      self.assert_same_files(hub.files("tiny-org/existing"), {**local, "USAGE.md": before["USAGE.md"]})
+      self.assertLen(hub.commits, 1)
+      self.assertEqual(hub.commits[0]["deleted"], ["model.safetensors"])
+    # A MaxText checkpoint is not pushed: refused before anything is read.
+    result = harness.run_converter(f"--hf_model_path={self.model}", "--output_dir=hf://tiny-org/existing",
+                                   check=False)
+    self.assertNotEqual(result.returncode, 0)
+    self.assertIn("--output_dir=hf://... (and --hub_private) are the way back's", result.stderr)
 
   def test_downloads_only_what_the_conversion_reads(self):
     cache = harness.scratch_dir("hub-cache-")

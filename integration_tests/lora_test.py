@@ -18,10 +18,12 @@ import shutil
 from absl.testing import absltest
 
 from integration_tests import harness
+from tools import hub_stand_in
 
 harness.start_jax()
 
 import numpy as np  # pylint: disable=g-import-not-at-top,g-bad-import-order
+from safetensors import numpy as safetensors_numpy  # pylint: disable=g-import-not-at-top
 from safetensors.numpy import load_file, save_file  # pylint: disable=g-import-not-at-top
 
 from converter.checkpoint_format.record import ConversionRecord  # pylint: disable=g-import-not-at-top
@@ -30,6 +32,7 @@ from tools.testing import tiny_models
 
 THRESHOLDS = validate_lib.Thresholds()  # The float32 bar (its defaults).
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
+ADAPTER_CONFIG = "adapter_config.json"
 
 
 def _ids(model_dir: str) -> np.ndarray:
@@ -200,10 +203,21 @@ class LoraAdapterOnlyTest(absltest.TestCase):
                     result.stdout)
       with open(os.path.join(out, "0", "_CHECKPOINT_METADATA")) as f:
         self.assertEqual(json.load(f)["custom_metadata"]["lora"], {"lora_rank": 4, "lora_alpha": 12.0})
-      exported = os.path.join(harness.scratch_dir("exported-"), "adapter")
-      harness.run_converter("--direction=to_huggingface", "--export=lora_adapter", f"--checkpoint_path={items}",
-                            f"--hf_config_path={model}", f"--output_dir={exported}")
-      back = load_file(os.path.join(exported, ADAPTER_WEIGHTS))
+      export = ("--direction=to_huggingface", "--export=lora_adapter", f"--checkpoint_path={items}",
+                f"--hf_config_path={model}")
+      if scan:
+        exported = os.path.join(harness.scratch_dir("exported-"), "adapter")
+        harness.run_converter(*export, f"--output_dir={exported}")
+        back = load_file(os.path.join(exported, ADAPTER_WEIGHTS))
+      else:  # The same export pushed to a Hub repo: the adapter's two files, in one commit.
+        with hub_stand_in.HubStandIn({}) as hub:
+          harness.run_converter(*export, "--output_dir=hf://tiny-org/tiny-adapter",
+                                env={"HF_ENDPOINT": hub.url, "HF_HUB_DISABLE_XET": "1", "HF_TOKEN": "hf_test"})
+          files = hub.files("tiny-org/tiny-adapter")
+          self.assertLen(hub.commits, 1)
+        self.assertEqual(sorted(files), [ADAPTER_CONFIG, ADAPTER_WEIGHTS])
+        self.assertEqual(json.loads(files[ADAPTER_CONFIG])["r"], 4)
+        back = safetensors_numpy.load(files[ADAPTER_WEIGHTS])
       self.assertEqual(sorted(back), sorted(original))
       for name, value in original.items():  # The query scale applied then undone: within one ulp.
         np.testing.assert_allclose(back[name], value, rtol=2 ** -22, atol=0, err_msg=name)

@@ -82,6 +82,9 @@ flags.DEFINE_boolean("maxtext_route", True, "For a quantized input, also time Ma
                      " the codec floor and the CPU-s ratios are then not measured.")
 flags.DEFINE_boolean("reverse", True, "Also convert each output back to HuggingFace, against its own floors:"
                      " reading the checkpoint + writing the safetensors, and zstd decompression.")
+flags.DEFINE_boolean("hub", False, "With --reverse: also push each way back to a Hub repo (hf://, through the Hub"
+                     " stand-in on 127.0.0.1 speaking huggingface_hub's LFS upload protocol, a fresh repo each run):"
+                     " its wall and peak RSS beside the local way back's.")
 flags.DEFINE_boolean("relayout", False, "Also lay each output out again as MaxText (--checkpoint_path, scan flipped,"
                      " bfloat16: docs/relayout.md), against its own floors: reading the checkpoint + writing the new one,"
                      " and decompression + compression (the source's chunks decoded, the output's encoded).")
@@ -413,6 +416,19 @@ def _reverse_command(items_path: str, output_dir: str) -> list[str]:
           f"--checkpoint_path={items_path}", f"--output_dir={output_dir}", "--noprogress"]
 
 
+def _push_to_hub(items_path: str, env: dict[str, str], cgroup) -> tuple[float, float, float]:
+  """The way back of `items_path` pushed to a fresh repo of a fresh Hub stand-in (nothing uploaded before, so
+  every shard is sent): (wall, peak RSS, CPU-s) of the converter."""
+  from tools import hub_stand_in  # pylint: disable=g-import-not-at-top
+
+  with hub_stand_in.HubStandIn({}, root_parent=FLAGS.work_dir) as hub:
+    hub_env = dict(env, HF_ENDPOINT=hub.url, HF_TOKEN="hf_benchmark", HF_HUB_DISABLE_XET="1")
+    result = _run("  back to a Hub repo", _reverse_command(items_path, "hf://benchmark/back"), hub_env, cgroup)
+    if len(hub.commits) != 1:
+      raise RuntimeError(f"the push made {len(hub.commits)} commits")
+    return result
+
+
 # The columns of the main table, one per cell of `_row` and `_route_rows`.
 CONVERSION_COLUMNS = ("conversion", "size", "devices", "scan", "wall (median)", "peak RSS (and --dry_run's)", "output", "throughput",
                       "I/O floor", "compression floor", "wall / max(floors)", "(wall - start-up) / max(floors)",
@@ -518,7 +534,7 @@ def main(argv: list[str]) -> None:
   copy_floors = []  # A plain copy of the bytes the conversion transposes: (seconds, CPU-s).
   median = lambda runs, k: statistics.median(r[k] for r in runs)
   rows, native_rows, reverse_rows, lora_rows, variant_rows, variant_reverse_rows = [], [], [], [], [], []
-  relayout_rows = []
+  relayout_rows, hub_rows = [], []
   relayout_dir = os.path.join(FLAGS.work_dir, "relayout")
   adapter_dir = os.path.join(FLAGS.work_dir, f"lora-r{FLAGS.lora_rank}")
   if FLAGS.lora_rank:
@@ -532,7 +548,7 @@ def main(argv: list[str]) -> None:
     print(f"wrote a rank-{FLAGS.lora_rank} LoRA adapter of {len(modules)} modules to {adapter_dir}", flush=True)
   for devices in FLAGS.devices:
     walls, peaks, cpus, routes, native_runs, reverse_runs, lora_runs = [], [], [], [], [], [], []
-    variant_runs, variant_reverse_runs, relayout_runs = [], [], []
+    variant_runs, variant_reverse_runs, relayout_runs, hub_runs = [], [], [], []
     relayout_command = _relayout_command(os.path.join(output_dir, "0", "items"), relayout_dir, devices)
     relayout_predicted_peak = None
     predicted_peak, transposed = dry_run(_convert_command(input_dir, output_dir, devices), env,
@@ -568,6 +584,8 @@ def main(argv: list[str]) -> None:
         shutil.rmtree(back_dir, ignore_errors=True)
         reverse_floors.append(floors.in_child(floors.io_floor, files(output_dir), back_bytes, FLAGS.work_dir))
         reverse_runs.append((reverse_wall, reverse_peak, back_bytes, reverse_cpu))
+        if FLAGS.hub:
+          hub_runs.append((*_push_to_hub(os.path.join(output_dir, "0", "items"), env, cgroup), back_bytes))
       if FLAGS.relayout:
         if relayout_predicted_peak is None:  # Planned from the output's metadata: once it is there.
           relayout_predicted_peak = dry_run_peak(relayout_command, env)
@@ -618,6 +636,8 @@ def main(argv: list[str]) -> None:
       native_rows.append((devices, *(median(native_runs, k) for k in range(3))))
     if reverse_runs:
       reverse_rows.append((devices, *(median(reverse_runs, k) for k in range(4))))
+    if hub_runs:
+      hub_rows.append((devices, *(median(hub_runs, k) for k in range(4))))
     if lora_runs:
       lora_rows.append((devices, *(median(lora_runs, k) for k in range(4)), lora_predicted_peak))
     if variant_runs:
@@ -665,6 +685,9 @@ def main(argv: list[str]) -> None:
     table_rows += [_row("MaxText -> HuggingFace", devices, wall, peak, back_bytes, back_bytes, reverse_io, decode,
                         reverse_start_up, cpu=(cpu, *back_floors))
                    for devices, wall, peak, back_bytes, cpu in reverse_rows]
+    table_rows += [_row("MaxText -> HuggingFace, pushed to a Hub repo (the stand-in, LFS)", devices, wall, peak,
+                        back_bytes, back_bytes, reverse_io, decode, reverse_start_up, cpu=(cpu, *back_floors))
+                   for devices, wall, peak, cpu, back_bytes in hub_rows]
   table_rows += [_row(f"{FLAGS.family} -> MaxText, a rank-{FLAGS.lora_rank} LoRA adapter merged", devices, wall, peak,
                      out_bytes, input_bytes, io, encode, forward_start_up, cpu=(cpu, *to_maxtext_floors),
                      predicted_peak=predicted)

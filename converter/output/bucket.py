@@ -220,5 +220,11 @@ class Bucket:
     storage.check_bucket(self.path)
     return self.path
 
+  def finished_file(self, path: str) -> None:
+    del path  # Published with the rest.
+
+  def discard(self, staging: str) -> None:
+    storage.remove_tree(staging)
+
   def publish(self, staging: str, unsynced: Sequence[str]) -> None:
     del staging, unsynced  # Written in place: config.json, written last, made it a checkpoint.

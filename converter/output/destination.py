@@ -75,6 +75,12 @@ class Destination(Protocol):
   def shared_staging(self) -> str:
     """Where the primary process's `stage(..., shared=True)` put the files."""
 
+  def finished_file(self, path: str) -> None:
+    """A file of the staged HF checkpoint is complete (a Hub repo uploads it now, and frees the disk)."""
+
   def publish(self, staging: str, unsynced: Sequence[str]) -> None:
     """Makes the staged HF checkpoint the output, whole or not at all; `unsynced`: the files in `staging` its
     writers did not sync themselves."""
+
+  def discard(self, staging: str) -> None:
+    """Removes what a failed HF checkpoint left staged (the primary process's call)."""

@@ -24,13 +24,15 @@ from converter.output.primary import all_then_on_primary, on_primary_then_all
 class HuggingFaceOutput:
   """OUTPUT_DIR of a conversion to HuggingFace, on a local disk or in a bucket."""
 
-  def __init__(self, output_dir: str, run: RunContext):
+  def __init__(self, output_dir: str, run: RunContext, *, hub_private: bool = False):
     self.path = output_dir
     self._run = run
-    self._destination = destination_for(output_dir)
+    self._destination = destination_for(output_dir, hub_private=hub_private)
 
-  def write(self, write_shards: Callable[[str], None], last_files: Callable[[], Mapping[str, str | bytes]]) -> None:
-    """`write_shards(directory)` writes this process's shards there; once every process has, the primary writes
+  def write(self, write_shards: Callable[[str, Callable[[str], None]], None],
+            last_files: Callable[[], Mapping[str, str | bytes]]) -> None:
+    """`write_shards(directory, finished)` writes this process's shards there, calling `finished(path)` as each
+    is complete (a Hub repo sends it then); once every process has, the primary writes
     `last_files()` (name -> text or bytes: the index and config.json, which make it a checkpoint, and the
     original's tokenizer and serving files) and publishes."""
     processes = self._run.processes
@@ -41,7 +43,7 @@ class HuggingFaceOutput:
       if staging is None:
         staging = self._destination.shared_staging()
       try:
-        write_shards(staging)
+        write_shards(staging, self._destination.finished_file)
         all_then_on_primary(processes, "shards written", lambda: self._publish(staging, last_files()))
       except OSError as e:
         self._discard(staging)
@@ -58,4 +60,4 @@ class HuggingFaceOutput:
 
   def _discard(self, staging: str) -> None:
     if self._run.processes.is_primary:
-      storage.remove_tree(staging)
+      self._destination.discard(staging)

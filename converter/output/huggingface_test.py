@@ -20,10 +20,11 @@ class HuggingFaceOutputTest(absltest.TestCase):
     output_dir = os.path.join(_parent(), "out")
     seen = []
 
-    def write_shards(directory: str) -> None:
+    def write_shards(directory: str, finished) -> None:
       seen.append(sorted(os.listdir(directory)))
       with open(os.path.join(directory, "model.safetensors"), "wb") as f:
         f.write(b"shard")
+      finished(os.path.join(directory, "model.safetensors"))  # A local disk publishes it with the rest.
 
     HuggingFaceOutput(output_dir, RunContext()).write(write_shards, lambda: {"config.json": "{}\n"})
     self.assertEqual(seen, [[]])  # Written into a fresh staging directory, not the output.
@@ -33,7 +34,8 @@ class HuggingFaceOutputTest(absltest.TestCase):
   def test_a_failed_write_leaves_nothing_and_names_the_output(self):
     output_dir = os.path.join(_parent(), "out")
 
-    def write_shards(directory: str) -> None:
+    def write_shards(directory: str, finished) -> None:
+      del finished
       with open(os.path.join(directory, "model.safetensors"), "wb") as f:
         f.write(b"half")
       raise OSError(28, "No space left on device")
@@ -48,9 +50,9 @@ class HuggingFaceOutputTest(absltest.TestCase):
     with open(os.path.join(output_dir, "config.json"), "w") as f:
       f.write("old")
     with self.assertRaisesRegex(ConversionError, "pass --overwrite"):
-      HuggingFaceOutput(output_dir, RunContext()).write(lambda d: None, dict)
+      HuggingFaceOutput(output_dir, RunContext()).write(lambda d, finished: None, dict)
 
-    def fail(directory: str) -> None:
+    def fail(directory: str, finished) -> None:
       raise ConversionError("a leaf is damaged")
 
     with self.assertRaisesRegex(ConversionError, "a leaf is damaged"):

@@ -173,6 +173,12 @@ class LocalDisk:
     except OSError as e:
       raise ConversionError(f"{parent}: cannot create a staging directory for the output: {e}") from e
 
+  def finished_file(self, path: str) -> None:
+    del path  # Published with the rest.
+
+  def discard(self, staging: str) -> None:
+    storage.remove_tree(staging)
+
   def publish(self, staging: str, unsynced: Sequence[str]) -> None:
     """Renames the finished staging directory to the output, replacing what --overwrite allowed to replace.
 

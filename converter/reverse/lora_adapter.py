@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from typing import Any, Callable
 
 from converter import storage
 from converter.checkpoint_format.layout import items_path_of
@@ -42,8 +42,9 @@ def export_lora_adapter(checkpoint_path: str, output_dir: str, options: ReverseO
     specs += [TensorSpec(PREFIX + module.module + LORA_A, a_shape, export.dtype),
               TensorSpec(PREFIX + module.module + LORA_B, b_shape, export.dtype)]
 
-  def write_factors(directory: str) -> None:
-    writer = SafetensorsStreamWriter(storage.join(directory, ADAPTER_WEIGHTS), specs)
+  def write_factors(directory: str, finished: Callable[[str], None]) -> None:
+    path = storage.join(directory, ADAPTER_WEIGHTS)
+    writer = SafetensorsStreamWriter(path, specs)
     try:
       for module in export.modules:
         lora_a = read_leaf(reader, module.leaf_a, module.index)
@@ -55,7 +56,8 @@ def export_lora_adapter(checkpoint_path: str, output_dir: str, options: ReverseO
       writer.abort()
       raise
     writer.close()
+    finished(path)
 
-  HuggingFaceOutput(storage.resolve(output_dir), run).write(
+  HuggingFaceOutput(storage.resolve(output_dir), run, hub_private=options.hub_private).write(
       write_factors, lambda: {ADAPTER_CONFIG: json.dumps(adapter_config(export), indent=2, sort_keys=True) + "\n"})
   return export

@@ -25,7 +25,7 @@ import dataclasses
 import itertools
 import json
 import threading
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 from absl import logging
@@ -228,9 +228,10 @@ class _ReadAhead:
 
 
 def _write_shards(reader: CheckpointReader, directory: str, shards: list[list[HfTensor]], names: list[str],
-                  options: ReverseOptions, processes: Processes, merge: Any = None) -> list[str]:
-  """Writes this process's shards (all of them for one process; a byte-balanced run of them for several);
-  returns the names of those this process wrote."""
+                  options: ReverseOptions, processes: Processes, finished: Callable[[str], None],
+                  merge: Any = None) -> list[str]:
+  """Writes this process's shards (all of them for one process; a byte-balanced run of them for several), each
+  handed to `finished` once closed; returns the names of those this process wrote."""
   owners = shares.owners([sum(t.spec.nbytes for t in shard) for shard in shards], processes.count)
   mine = [(name, shard) for name, shard, owner in zip(names, shards, owners) if owner == processes.index]
   items = [(tensor, parts) for _, shard in mine for tensor in shard for parts in tensor.pieces]
@@ -238,7 +239,8 @@ def _write_shards(reader: CheckpointReader, directory: str, shards: list[list[Hf
   try:
     arriving = iter(pieces)
     for file_name, shard in mine:
-      writer = SafetensorsStreamWriter(storage.join(directory, file_name), [t.spec for t in shard])
+      path = storage.join(directory, file_name)
+      writer = SafetensorsStreamWriter(path, [t.spec for t in shard])
       try:
         for _ in range(sum(len(t.pieces) for t in shard)):
           tensor, value = next(arriving)
@@ -247,6 +249,7 @@ def _write_shards(reader: CheckpointReader, directory: str, shards: list[list[Hf
         writer.abort()
         raise
       writer.close()
+      finished(path)
   finally:
     pieces.close()
   return [name for name, _ in mine]
@@ -301,8 +304,8 @@ def convert_to_huggingface(checkpoint_path: str, output_dir: str, options: Rever
   names = shard_names(len(shards))
   mine: list[str] = []
 
-  def write_shards(directory: str) -> None:
-    mine.extend(_write_shards(reader, directory, shards, names, options, run.processes, merge))
+  def write_shards(directory: str, finished: Callable[[str], None]) -> None:
+    mine.extend(_write_shards(reader, directory, shards, names, options, run.processes, finished, merge))
 
   def last_files() -> dict[str, str]:
     files = {}
@@ -312,6 +315,6 @@ def convert_to_huggingface(checkpoint_path: str, output_dir: str, options: Rever
     files["config.json"] = json.dumps(written_config(plan), indent=2, sort_keys=True) + "\n"
     return {**serving, **files}
 
-  HuggingFaceOutput(output_dir, run).write(write_shards, last_files)
+  HuggingFaceOutput(output_dir, run, hub_private=options.hub_private).write(write_shards, last_files)
   return ToHuggingFaceResult(plan, output_dir, tuple(names), plan.total_bytes, tuple(mine), tuple(serving),
                              tuple(serving_warnings), merge.export if merge else None)

@@ -33,6 +33,8 @@ def resolve(path: str) -> str:
   if path.startswith("s3://"):
     raise ConversionError(f"{path}: s3:// is not supported (tensorstore could read it, but Orbax's paths need"
                           " s3fs, which is neither pinned nor tested here); copy the checkpoint to gs:// or a disk")
+  if path.startswith("hf://"):
+    return path  # A Hub repo (converter/output/hub_repo.py), an output of the way back.
   if is_remote(path):
     scheme, rest = path.split("://", 1)
     rest = posixpath.normpath(rest).lstrip("/") if rest.strip("/") else ""
