@@ -18,7 +18,7 @@ harness.start_jax()
 import numpy as np  # pylint: disable=g-import-not-at-top,g-bad-import-order
 
 from converter.checkpoint_format.record import ConversionRecord  # pylint: disable=g-import-not-at-top
-from tools import checkpoint_io, validate_lib  # pylint: disable=g-import-not-at-top
+from tools import checkpoint_io, quantize, validate_lib  # pylint: disable=g-import-not-at-top
 from tools.testing import tiny_models
 
 THRESHOLDS = validate_lib.Thresholds()  # The float32 bar (its defaults).
@@ -281,14 +281,8 @@ class FamiliesTest(parameterized.TestCase):
     # The hub repos fuse each layer's experts (gate_up_proj, the gate's rows first; down_proj); transformers 5.24
     # saves them one by one: the same model either way.
     model_dir, reference = tiny_model("qwen3_5")
-    hf = load_hf(model_dir)
-    fused = {n: v for n, v in hf.items() if ".mlp.experts." not in n}
-    for layer in range(8):
-      e = f"model.layers.{layer}.mlp.experts"
-      fused[f"{e}.gate_up_proj"] = np.stack([np.concatenate([hf[f"{e}.{x}.gate_proj.weight"],
-                                                             hf[f"{e}.{x}.up_proj.weight"]]) for x in range(4)])
-      fused[f"{e}.down_proj"] = np.stack([hf[f"{e}.{x}.down_proj.weight"] for x in range(4)])
-    path = copy_model(model_dir, fused)
+    path = quantize.fuse_experts(model_dir, harness.scratch_dir("fused-"))
+    self.assertEqual(load_hf(path)["model.layers.3.mlp.experts.gate_up_proj"].shape, (4, 128, 128))
     for scan in (True, False):
       per_expert = checkpoint_io.restore_v0(self._tree("qwen3_5", f"--scan_layers={scan}")[2])
       items = convert(path, "--simulated_cpu_devices_count=1", f"--scan_layers={scan}")

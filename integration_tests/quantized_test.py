@@ -441,6 +441,28 @@ class KimiInt4Test(parameterized.TestCase):
     logits = validate_lib.reference_logits(back, validate_lib.token_ids(419, 2, 32, 0))
     np.testing.assert_allclose(logits, reference, atol=1e-5, rtol=0)
 
+  def test_fused_int4_experts_read_as_the_per_expert_ones(self):
+    """Qwen3.5-MoE's experts fused as its hub repos store them (gate_up_proj (X, 2M, E), down_proj (X, E, M)), each
+    fused tensor packed INT4 whole by compressed-tensors' own compressor (llm-compressor's repack of compressed
+    experts): the same leaves as converting their numpy dequantization."""
+    base = tiny_models.build_tiny_model("qwen3_5", harness.scratch_dir("qwen3_5-hf-"))
+    fused = quantize.fuse_experts(base, harness.scratch_dir("qwen3_5-fused-"))
+    quantized = quantize.quantize_compressed_int4(fused, harness.scratch_dir("qwen3_5-int4-"), (1, 16),
+                                                  selects=quantize.FUSED_EXPERT_WEIGHTS.match)
+    with safe_open(os.path.join(quantized, "model.safetensors"), "np") as f:
+      self.assertEqual(f.get_slice("model.layers.0.mlp.experts.gate_up_proj.weight_packed").get_shape(), [4, 128, 16])
+    reference = quantize.dequantize(quantized, harness.scratch_dir("qwen3_5-int4-dequantized-"))
+    out = os.path.join(harness.scratch_dir("dry-"), "out")
+    result = harness.run_converter(f"--hf_model_path={quantized}", f"--output_dir={out}", "--dry_run")
+    experts = [line.split() for line in result.stdout.splitlines() if "routed_experts/w" in line]
+    self.assertLen(experts, 12)  # wi_0, wi_1 and wo of 4 scanned blocks, each read from the fused INT4 tensors.
+    self.assertTrue(all("int4 pack-quantized, groups of 16 scales (I32 x BF16)" in " ".join(line) for line in experts))
+    flags = ("--save_dtype=float32", "--simulated_cpu_devices_count=1")
+    ours, expected = convert(quantized, *flags), convert(reference, *flags)
+    self.assertEqual(checkpoint_io.trees_bit_identical(checkpoint_io.restore_v0(ours),
+                                                       checkpoint_io.restore_v0(expected)), [])
+    self.assertEqual(ConversionRecord.read(ours).quant_method, "compressed-tensors")
+
   def test_malformed_int4_tensors_and_unknown_schemes_are_refused_by_name(self):
     module = "model.layers.2.mlp.experts.7.down_proj"
     cases = (
@@ -478,6 +500,7 @@ SHARD_GROUPS = harness.model_group(
          "test_back_to_huggingface_is_the_dequantized_text_model_transformers_loads0",
          "test_back_to_huggingface_is_the_dequantized_text_model_transformers_loads1",
          "test_malformed_int4_tensors_and_unknown_schemes_are_refused_by_name")},
+     "test_fused_int4_experts_read_as_the_per_expert_ones": "qwen3_5_int4",
      **{name: "qwen3_5_fp8" for name in ("test_dry_run_shows_kept_fp8_leaves", "test_refused_with_the_reason",
                                          "test_maxtext_dequantization_is_the_dequantized_conversion0",
                                          "test_maxtext_dequantization_is_the_dequantized_conversion1",

@@ -53,6 +53,8 @@ DEEPSEEK4_EXPERT_WEIGHTS = re.compile(r"(.*\.)?ffn\.experts\.\d+\.w[123]\.weight
 DEEPSEEK4_F32_TENSORS = re.compile(r"(.*\.)?(hc_\w+|attn_sink|ape|gate\.bias)$")  # The rest ships in BF16.
 # Kimi K2-Thinking / K2.5 / K2.6: the routed experts in INT4; `KIMI_IGNORE` is the K2.5 config's list.
 KIMI_INT4_WEIGHTS = re.compile(r"(.*\.)?mlp\.experts\.\d+\.(gate|up|down)_proj\.weight$")
+# Fused experts as Qwen3.5-MoE's hub repos store them (`fuse_experts`), packed whole by compressed-tensors.
+FUSED_EXPERT_WEIGHTS = re.compile(r"(.*\.)?mlp\.experts\.(gate_up_proj|down_proj)$")
 KIMI_IGNORE = ["re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*", "re:.*lm_head.*",
                "re:vision_tower.*", "re:mm_projector.*"]
 
@@ -141,6 +143,27 @@ def _save(model_dir: str, config: dict, tensors: Mapping[str, np.ndarray]) -> st
   return model_dir
 
 
+def fuse_experts(model_dir: str, output_dir: str) -> str:
+  """`model_dir` with each layer's routed experts fused as Qwen3.5-MoE's hub repos store them: `mlp.experts.gate_up_proj`
+  (X, 2M, E), every expert's gate rows then its up rows, and `mlp.experts.down_proj` (X, E, M), each (out, in)."""
+  config, tensors = _load(model_dir)
+  expert = re.compile(r"(.*\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$")
+  out: dict[str, np.ndarray] = {}
+  parts: dict[str, dict[tuple[int, str], np.ndarray]] = {}
+  for name, tensor in tensors.items():
+    match = expert.match(name)
+    if match:
+      parts.setdefault(match.group(1), {})[(int(match.group(2)), match.group(3))] = tensor
+    else:
+      out[name] = tensor
+  for experts, weights in parts.items():
+    count = 1 + max(x for x, _ in weights)
+    out[f"{experts}.gate_up_proj"] = np.stack([np.concatenate([weights[(x, "gate")], weights[(x, "up")]])
+                                               for x in range(count)])
+    out[f"{experts}.down_proj"] = np.stack([weights[(x, "down")] for x in range(count)])
+  return _save(output_dir, config, out)
+
+
 def quantize_fp8(model_dir: str, output_dir: str, block: tuple[int, int],
                  selects: Callable[[str], bool] | None = None, scale_dtype: np.dtype = np.float32) -> str:
   """`model_dir` with its projection weights in FP8 block format (DeepSeek V3's by default; Qwen3.5-FP8's with
@@ -222,19 +245,19 @@ def quantize_compressed_int4(model_dir: str, output_dir: str, block: tuple[int, 
   config, tensors = _load(model_dir)
   out: dict[str, np.ndarray] = {}
   for name, tensor in tensors.items():
-    if not (selects(name) and tensor.ndim == 2):
+    if not (selects(name) and tensor.ndim in (2, 3)):
       out[name] = tensor
       continue
-    rows, cols = tensor.shape
+    *lead, rows, cols = tensor.shape
     groups = -(-cols // group_size)
     magnitude = float(np.abs(tensor).mean()) / 4
-    scale = (magnitude * 2.0 ** rng.integers(-2, 4, (rows, groups))).astype(scale_dtype)
-    codes = rng.integers(-8, 8, (rows, cols)).astype(np.float32)
-    weight = codes * np.repeat(scale.astype(np.float32), group_size, axis=1)[:, :cols]
+    scale = (magnitude * 2.0 ** rng.integers(-2, 4, (*lead, rows, groups))).astype(scale_dtype)
+    codes = rng.integers(-8, 8, tensor.shape).astype(np.float32)
+    weight = codes * np.repeat(scale.astype(np.float32), group_size, axis=-1)[..., :cols]
     compressed = PackedQuantizationCompressor.compress(
         {"weight": torch.from_numpy(weight), "weight_scale": torch.from_numpy(scale.astype(np.float32)).to(
             getattr(torch, np.dtype(scale_dtype).name))}, scheme)
-    module = name.removesuffix(".weight")
+    module = name.removesuffix(".weight")  # Fused experts (3-D) are parameters: their own name is the module's.
     for key, value in compressed.items():
       out[f"{module}.{key}"] = (value.to(torch.float32).numpy().astype(scale_dtype) if key == "weight_scale"
                                 else value.numpy())
@@ -255,7 +278,7 @@ def _decompress_int4(tensors: Mapping[str, np.ndarray], module: str, group_size:
 
   shape = tuple(int(d) for d in tensors[f"{module}.weight_shape"])
   codes = unpack_from_int32(torch.from_numpy(tensors[f"{module}.weight_packed"]), 4, torch.Size(shape)).numpy()
-  scale = np.repeat(tensors[f"{module}.weight_scale"].astype(np.float32), group_size, axis=1)[:, : shape[1]]
+  scale = np.repeat(tensors[f"{module}.weight_scale"].astype(np.float32), group_size, axis=-1)[..., : shape[-1]]
   return codes.astype(np.float32) * scale
 
 
@@ -279,7 +302,9 @@ def dequantize(model_dir: str, output_dir: str, dtype=np.float32) -> str:
     modules = [n.removesuffix(".weight_packed") for n in tensors if n.endswith(".weight_packed")]
     out = {n: t.astype(dtype) if t.dtype.kind == "f" or t.dtype == ml_dtypes.bfloat16 else t
            for n, t in tensors.items() if not re.match(r".*\.weight_(packed|scale|shape)$", n)}
-    out.update((f"{m}.weight", _decompress_int4(tensors, m, group_size).astype(dtype)) for m in modules)
+    for module in modules:
+      weight = _decompress_int4(tensors, module, group_size).astype(dtype)
+      out[module if weight.ndim == 3 else f"{module}.weight"] = weight  # Fused experts: the parameter's name.
     return _save(output_dir, config, out)
   block = tuple(quantization.get("weight_block_size", ()))
   scale_of = lambda n: next((s for s in (n + "_scale_inv", n.removesuffix(".weight") + ".scale") if s in tensors),

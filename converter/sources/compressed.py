@@ -12,6 +12,12 @@ group, or for all) how a quantized module's weight is stored:
   compressed-tensors 0.20.0's `pack_to_int32` / `unpack_from_int32`.
 - `int-quantized`: `X.weight` I8 codes `q`; `float-quantized`: `X.weight` F8_E4M3 codes; both beside `X.weight_scale`.
 
+Fused experts (one tensor for every expert of a projection, as transformers 5 and llm-compressor's repack store
+them) have a leading experts axis on every tensor: codes (experts, out, words or in), `weight_shape` (3,), scales
+(experts, ...) per expert, or one (1,) for all with the tensor strategy; compressed-tensors 0.20.0 packs and
+scales each expert's slice as a Linear's. They are presented under the fused parameter's own name
+(`mlp.experts.gate_up_proj`, not `.weight`), which is the name the families read dense fused experts by.
+
 Every strategy is one scale per block of the weight's (rows, columns): `group` (1, group_size), `channel`
 (1, in), `tensor` (out, in), `block` (`block_structure`); so `W = float32(q) * float32(scale)` per block, computed
 in float32 (INT4 codes times a BF16 scale need 11 significant bits: exact in float32, not in bfloat16) and rounded
@@ -59,9 +65,9 @@ class Scheme:
   group_size: int
   block_structure: tuple[int, int]
 
-  def block(self, shape: tuple[int, int]) -> tuple[int, int]:
-    """(rows, columns) of the weight that share one scale."""
-    out, inputs = shape
+  def block(self, shape: tuple[int, ...]) -> tuple[int, int]:
+    """(rows, columns) of the weight (its last two axes) that share one scale."""
+    out, inputs = shape[-2:]
     return {"tensor": (max(out, 1), max(inputs, 1)), "channel": (1, max(inputs, 1)), "group": (1, self.group_size),
             "block": self.block_structure}[self.strategy]
 
@@ -82,13 +88,14 @@ _TABLES = {bits: _code_table(bits) for bits in PACKED_BITS}
 
 @dataclasses.dataclass(frozen=True)
 class CompressedTensor:
-  """A quantized Linear's stored codes and scales, presented as its float32 weight (out, in)."""
+  """A quantized Linear's stored codes and scales, presented as its float32 weight (out, in); or fused experts'
+  (experts, out, in), every expert's slice a Linear's."""
 
   name: str
   codes: TensorInfo
   scale: TensorInfo
   scheme: Scheme
-  shape: tuple[int, int]
+  shape: tuple[int, ...]
   # pack-quantized's `weight_shape`: the shape above is its layout's (compressed_tensors_source), checked against
   # this tensor's own before its values are first read.
   stored_shape: TensorInfo | None = None
@@ -124,12 +131,12 @@ class CompressedTensor:
 
   def _read_codes(self, lead: tuple[slice, ...], rows: slice, cols: slice) -> np.ndarray:
     if self.scheme.format == FLOAT:
-      return fp8.to_float32(self.codes.read(None, (rows, cols)))
+      return fp8.to_float32(self.codes.read(None, (*lead, rows, cols)))
     if self.scheme.format == INT:
-      return self.codes.read(np.float32, (rows, cols))
+      return self.codes.read(np.float32, (*lead, rows, cols))
     per = 32 // self.scheme.bits
     first = cols.start // per
-    words = self.codes.read(None, (rows, slice(first, -(-cols.stop // per))))
+    words = self.codes.read(None, (*lead, rows, slice(first, -(-cols.stop // per))))
     return scaled.decode_bytes(words.astype("<i4", copy=False), _TABLES[self.scheme.bits], cols.start - first * per,
                                cols.stop - cols.start)
 
@@ -146,9 +153,9 @@ class CompressedTensor:
     _checked_shapes.add((info.path, info.name))
 
   def _read_scales(self, lead: tuple[slice, ...], row_blocks: slice, col_blocks: slice) -> np.ndarray:
-    if self.scheme.strategy == "tensor":
-      return self.scale.read(np.float32).reshape(1, 1)
-    return self.scale.read(np.float32, (row_blocks, col_blocks))
+    if self.scheme.strategy == "tensor":  # One scale, for every expert too (compressed-tensors 0.20.0's (1,)).
+      return self.scale.read(np.float32).reshape((1,) * (len(lead) + 2))
+    return self.scale.read(np.float32, (*lead, row_blocks, col_blocks))
 
 
 def _path(group: str, key: str) -> str:
@@ -257,9 +264,16 @@ def _targets(quantization: Mapping[str, Any], config_path: str) -> _Targets:
   return _Targets(groups, tuple(ignore))
 
 
-def _expected_scale(scheme: Scheme, shape: tuple[int, int]) -> tuple[int, ...]:
+def _expected_scale(scheme: Scheme, shape: tuple[int, ...]) -> tuple[int, ...]:
   br, bc = scheme.block(shape)
-  return {"tensor": (1,)}.get(scheme.strategy, (math.ceil(shape[0] / br), math.ceil(shape[1] / bc)))
+  return {"tensor": (1,)}.get(scheme.strategy, (*shape[:-2], math.ceil(shape[-2] / br), math.ceil(shape[-1] / bc)))
+
+
+def presented_name(module: str, ndim: int) -> str:
+  """A Linear's `X.weight`; fused experts' (3-D) the parameter itself, `X`: HF stores fused experts as parameters
+  of the experts module (`mlp.experts.gate_up_proj`), and llm-compressor's repack of compressed experts nests the
+  quantized tensors under that name (`mlp.experts.gate_up_proj.weight_packed`)."""
+  return module if ndim == 3 else f"{module}.weight"
 
 
 def _weight(module: str, scheme: Scheme, stored: Mapping[str, TensorInfo], shapes: Mapping[str, tuple[int, ...]],
@@ -278,30 +292,38 @@ def _weight(module: str, scheme: Scheme, stored: Mapping[str, TensorInfo], shape
     raise ConversionError(f"{scale.path}: scale {scale.name!r} is {scale.dtype_code}; expected one of"
                           f" {', '.join(SCALE_DTYPES)}")
   wanted = {PACKED: ("I32",), INT: ("I8",), FLOAT: ("F8_E4M3",)}[scheme.format]
-  if codes.dtype_code not in wanted or len(codes.shape) != 2:
-    raise ConversionError(f"{where} is {codes.dtype_code} {codes.shape}; expected a 2-D {' or '.join(wanted)} tensor")
+  if codes.dtype_code not in wanted or len(codes.shape) not in (2, 3):
+    raise ConversionError(f"{where} is {codes.dtype_code} {codes.shape}; expected a 2-D {' or '.join(wanted)} tensor"
+                          " (a Linear's), or a 3-D one (fused experts')")
+  if len(codes.shape) == 3 and scheme.strategy == "block":
+    raise ConversionError(f"{where} holds fused experts (3-D) in {scheme.describe()}: compressed-tensors writes"
+                          " fused experts with group, channel or tensor scales only")
   stored_shape = stored[f"{module}.weight_shape"] if scheme.format == PACKED else None  # Checked by _read_shapes.
   shape = codes.shape
   if scheme.format == PACKED:
     shape = shapes[module]
-    words = -(-shape[1] // (32 // scheme.bits)) if len(shape) == 2 else None
-    if words is None or min(shape) <= 0 or codes.shape != (shape[0], words):
+    words = -(-shape[-1] // (32 // scheme.bits)) if len(shape) == len(codes.shape) else None
+    if words is None or min(shape) <= 0 or codes.shape != (*shape[:-1], words):
+      packed = (*shape[:-1], words) if words is not None else "of another rank"
       raise ConversionError(f"{stored_shape.path}: {stored_shape.name!r} says the weight is {list(shape)}, but"
                             f" {codes_name!r} is {codes.shape}: {scheme.bits}-bit codes of that weight, packed"
-                            f" {32 // scheme.bits} to an int32 along its rows, would be {(shape[0], words)}")
+                            f" {32 // scheme.bits} to an int32 along its rows, would be {packed}")
   expected = _expected_scale(scheme, shape)
   if scale.shape != expected and not (scheme.strategy == "tensor" and math.prod(scale.shape) == 1):
     raise ConversionError(f"{scale.path}: scale {scale.name!r} is {scale.shape}, but {codes_name!r} {codes.shape}"
                           f" holds a weight {list(shape)} whose {scheme.describe()} need {expected}")
-  return CompressedTensor(f"{module}.weight", codes, scale, scheme, tuple(shape), stored_shape)
+  return CompressedTensor(presented_name(module, len(shape)), codes, scale, scheme, tuple(shape), stored_shape)
 
 
 def _stored_shape_info(stored: Mapping[str, TensorInfo], module: str) -> TensorInfo:
   info = stored.get(f"{module}.weight_shape")
-  if info is None or info.dtype_code not in ("I32", "I64") or info.shape != (2,):
+  packed = stored[module + ".weight_packed"]
+  rank = len(packed.shape)
+  if info is None or info.dtype_code not in ("I32", "I64") or info.shape != (rank,):
     found = "nothing" if info is None else f"{info.dtype_code} {info.shape}"
-    raise ConversionError(f"{stored[module + '.weight_packed'].path}: {module + '.weight_packed'!r} needs"
-                          f" {module + '.weight_shape'!r}, I32 or I64 of shape (2,) ([out, in]); found {found}")
+    raise ConversionError(f"{packed.path}: {module + '.weight_packed'!r} {packed.shape} needs"
+                          f" {module + '.weight_shape'!r}, I32 or I64 of shape ({rank},)"
+                          f" ({'[experts, out, in]' if rank == 3 else '[out, in]'}); found {found}")
   return info
 
 
@@ -347,7 +369,7 @@ def compressed_tensors_source(plain: SafetensorsSource, quantization: Mapping[st
                             f" {scheme.group}'s format {scheme.format} says")
     schemes[module] = scheme
   shapes = _read_shapes(plain.tensors, {m: s for m, s in schemes.items() if s.format == PACKED})
-  weights = {f"{m}.weight": _weight(m, s, plain.tensors, shapes, config_path) for m, s in schemes.items()}
+  weights = {w.name: w for w in (_weight(m, s, plain.tensors, shapes, config_path) for m, s in schemes.items())}
   consumed = {n for w in weights.values() for n in w.stored_names}
   tensors: dict[str, SourceTensor] = {}
   for name, info in plain.tensors.items():
@@ -357,6 +379,9 @@ def compressed_tensors_source(plain: SafetensorsSource, quantization: Mapping[st
       module = name.rsplit(".", 1)[0]
       raise ConversionError(f"{info.path}: {name!r} belongs to a quantized weight, but neither"
                             f" {module + '.weight_packed'!r} nor a quantized {module + '.weight'!r} is stored")
+    if name in weights:
+      raise ConversionError(f"{info.path}: {name!r} is stored both as it is and quantized (beside"
+                            f" {weights[name].codes.name!r}): which one is the model's is ambiguous")
     tensors[name] = info
   tensors.update(weights)
   return QuantizedSource(plain.location, tensors, tuple(plain.files), QUANT_METHOD)

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from absl.testing import absltest, parameterized
 from compressed_tensors.compressors.pack_quantized import helpers
+from compressed_tensors.compressors.naive_quantized.base import NaiveQuantizationCompressor
 from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor
 from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
 
@@ -189,6 +190,80 @@ class PackedTest(parameterized.TestCase):
                                                                   _int_args(group_size=32)}}
     with self.assertRaisesRegex(ConversionError, f"no config group .* targets module '{MODULE}'"):
       _source(int4, config)
+
+
+FUSED = "model.layers.1.mlp.experts.gate_up_proj"
+
+
+class FusedExpertsTest(absltest.TestCase):
+  """Fused experts (experts, out, in) written by compressed-tensors 0.20.0's own compressors, which pack and scale
+  every expert's slice as a Linear's: presented as the fused parameter, each region equal to its own unpacking."""
+
+  def _assert_regions(self, tensor, expected) -> None:
+    self.assertEqual((tensor.shape, tensor.dtype), (expected.shape, np.float32))
+    np.testing.assert_array_equal(tensor.read(), expected)
+    with mock.patch.object(scaled, "PIECE_VALUES", 24):  # Pieces within a row, across group edges and experts.
+      for region in [(1,), (slice(1, 3),), (2, slice(3, 9)), (slice(0, 3), slice(1, 5), slice(13, 47))]:
+        np.testing.assert_array_equal(tensor.read(np.float32, region), expected[region])
+      np.testing.assert_array_equal(tensor.read(np.float32, (slice(1, 3),), transpose=True),
+                                    expected[1:3].transpose(0, 2, 1))
+    np.testing.assert_array_equal(tensor.read(ml_dtypes.bfloat16), expected.astype(ml_dtypes.bfloat16))
+
+  def test_int4_packed_with_groups(self):
+    experts, rows, cols, group = 3, 10, 48, 16
+    rng = np.random.default_rng(1)
+    scale = (0.01 * 2.0 ** rng.integers(-3, 5, (experts, rows, cols // group))).astype(ml_dtypes.bfloat16)
+    codes = rng.integers(-8, 8, (experts, rows, cols)).astype(np.float32)
+    spread = np.repeat(scale.astype(np.float32), group, axis=-1)
+    scheme = QuantizationScheme(targets=["Linear"], weights=QuantizationArgs(**_int_args(4, "group", group)))
+    stored = PackedQuantizationCompressor.compress(
+        {"weight": torch.from_numpy(codes * spread), "weight_scale": torch.from_numpy(spread[..., ::group]).bfloat16()},
+        scheme)
+    self.assertEqual(tuple(stored["weight_shape"].tolist()), (experts, rows, cols))
+    unpacked = helpers.unpack_from_int32(stored["weight_packed"], 4, torch.Size((experts, rows, cols))).numpy()
+    tensors = {f"{FUSED}.weight_packed": stored["weight_packed"].numpy(), f"{FUSED}.weight_scale": scale,
+               f"{FUSED}.weight_shape": stored["weight_shape"].numpy()}
+    source = _source(tensors, _config(_int_args(4, "group", group)))
+    self.assertEqual(sorted(source.tensors), [FUSED])
+    self._assert_regions(source.tensors[FUSED], unpacked.astype(np.float32) * spread)
+
+    with self.assertRaisesRegex(ConversionError, r"weight_shape' says the weight is \[3, 10, 40\].* would be"
+                                r" \(3, 10, 5\)"):
+      _source({**tensors, f"{FUSED}.weight_shape": np.array([3, 10, 40])}, _config(_int_args(4, "group", group)))
+    with self.assertRaisesRegex(ConversionError, r"needs '.*gate_up_proj.weight_shape', I32 or I64 of shape \(3,\)"
+                                r" \(\[experts, out, in\]\); found I64 \(2,\)"):
+      _source({**tensors, f"{FUSED}.weight_shape": np.array([10, 48])}, _config(_int_args(4, "group", group)))
+    with self.assertRaisesRegex(ConversionError, r"weight_scale' is \(3, 10, 2\).* need \(3, 10, 3\)"):
+      _source({**tensors, f"{FUSED}.weight_scale": scale[..., :2]}, _config(_int_args(4, "group", group)))
+
+  def test_fp8_per_channel_and_per_tensor(self):
+    experts, rows, cols = 3, 10, 48
+    rng = np.random.default_rng(2)
+    weight = torch.from_numpy(rng.normal(0, 0.05, (experts, rows, cols)).astype(np.float32))
+    for strategy, scale_shape in (("channel", (experts, rows, 1)), ("tensor", (1,))):
+      with self.subTest(strategy):
+        args = dict(num_bits=8, type="float", symmetric=True, strategy=strategy, dynamic=False)
+        scale = torch.from_numpy((0.01 * 2.0 ** rng.integers(-2, 3, scale_shape)).astype(np.float32))
+        stored = NaiveQuantizationCompressor.compress(
+            {"weight": weight, "weight_scale": scale},
+            QuantizationScheme(targets=["Linear"], weights=QuantizationArgs(**args)))
+        codes = stored["weight"].view(torch.uint8).numpy().view(ml_dtypes.float8_e4m3fn)
+        tensors = {f"{FUSED}.weight": codes, f"{FUSED}.weight_scale": stored["weight_scale"].numpy()}
+        source = _source(tensors, _config(args, "float-quantized"))
+        self.assertEqual(sorted(source.tensors), [FUSED])
+        expected = codes.astype(np.float32) * stored["weight_scale"].numpy().astype(np.float32)
+        self._assert_regions(source.tensors[FUSED], expected)
+
+  def test_block_scales_and_a_tensor_stored_twice_are_refused(self):
+    args = dict(num_bits=8, type="float", symmetric=True, strategy="block", block_structure=[8, 16], dynamic=False)
+    codes = np.zeros((2, 8, 16), ml_dtypes.float8_e4m3fn)
+    with self.assertRaisesRegex(ConversionError, "fused experts .* group, channel or tensor scales only"):
+      _source({f"{FUSED}.weight": codes, f"{FUSED}.weight_scale": np.ones((2, 1, 1), np.float32)},
+              _config(args, "float-quantized"))
+    args = dict(args, strategy="channel", block_structure=None)
+    with self.assertRaisesRegex(ConversionError, f"'{FUSED}' is stored both as it is and quantized"):
+      _source({f"{FUSED}.weight": codes, f"{FUSED}.weight_scale": np.ones((2, 8, 1), np.float32),
+               FUSED: np.zeros((2, 8, 16), np.float32)}, _config(args, "float-quantized"))
 
 
 class ScaledCodesTest(parameterized.TestCase):
