@@ -67,6 +67,7 @@ def describe(plan: Plan, *, baseline_bytes: int, max_inflight_bytes: int, shares
   """The plan as text; `shares`: the bytes each process would write (several processes)."""
   quantized = plan.source.quant_method
   if plan.fp8:
+    quantized = plan.source.facts.quant_method  # A native fp8 checkpoint laid out again: its original's format.
     reading = (f"; {quantized} kernels kept as {plan.fp8.weight_dtype} with their scales"
                f" ({plan.fp8.block}-element blocks), the rest dequantized")
   else:

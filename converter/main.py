@@ -341,8 +341,8 @@ def _run_to_maxtext(plan: Plan, start: float, early_reads: EarlyReads | None = N
   if FLAGS.checkpoint_path:
     print(f"source:        MaxText checkpoint {plan.source.location} (params only)")
   if plan.fp8:
-    print(f"source:        {plan.source.quant_method} weights, kept as {plan.fp8.weight_dtype} with their scales"
-          f" ({plan.fp8.block}-element blocks)")
+    print(f"source:        {plan.source.facts.quant_method} weights, kept as {plan.fp8.weight_dtype} with their"
+          f" scales ({plan.fp8.block}-element blocks)")
   elif plan.source.quant_method:
     print(f"source:        {plan.source.quant_method} weights, dequantized while streaming")
   _print_lora(plan)

@@ -182,6 +182,26 @@ class NativeFp8Test(parameterized.TestCase):
     self.assertEqual(layout_inspection.unchecksummed_leaves(native_items), [])  # FP8 kernels and scales alike.
     self.assertIn("in_proj_ba", overrides["unquantized_modules"])
 
+  def test_laid_out_again_it_keeps_the_fp8_kernels_and_scales(self):
+    """--checkpoint_path on a --keep_fp8 checkpoint (scanned -> unscanned) equals the --keep_fp8 conversion to that
+    layout: FP8 kernels byte for byte, their scale leaves re-laid beside them, the fp8 overrides recorded."""
+    quantized, _, _ = quantized_model("qwen3_5_fp8")
+    flags = ("--save_dtype=float32", "--simulated_cpu_devices_count=1")
+    scanned = convert(quantized, "--keep_fp8", *flags, "--scan_layers=true")
+    relaid = os.path.join(harness.scratch_dir("relaid-"), "out")
+    result = harness.run_converter(f"--checkpoint_path={scanned}", f"--output_dir={relaid}", "--scan_layers=false",
+                                   *flags)
+    self.assertIn('weight_dtype="float8_e4m3fn" weight_block_size=32', result.stdout)
+    self.assertIn("source:        fp8 weights, kept as float8_e4m3fn with their scales", result.stdout)
+    items = os.path.join(relaid, "0", "items")
+    direct = convert(quantized, "--keep_fp8", *flags, "--scan_layers=false")
+    got, expected = checkpoint_io.restore_v0(items), checkpoint_io.restore_v0(direct)
+    self.assertEqual(checkpoint_io.trees_bit_identical(got, expected), [])
+    leaves = checkpoint_io.flatten(got["params"]["params"])
+    self.assertLen([v for v in leaves.values() if v.dtype == ml_dtypes.float8_e4m3fn], 6 * 8 + 2 * 10)
+    self.assertEqual(ConversionRecord.read(items).fp8, ConversionRecord.read(direct).fp8)
+    self.assertEqual(layout_inspection.unchecksummed_leaves(items), [])
+
   def test_scales_regrouped_per_key_head_in_block_units(self):
     # in_proj_qkvz (E 128, 2 key heads x [q 32 | k 32 | v 64 | z 64]): 4 x 12 scales; key head 1 takes blocks 6-11
     # from in_proj_qkv's block rows 1 (q1), 3 (k1), 6-7 (v1) and in_proj_z's rows 2-3 (z1), transposed.
@@ -504,7 +524,8 @@ SHARD_GROUPS = harness.model_group(
      **{name: "qwen3_5_fp8" for name in ("test_dry_run_shows_kept_fp8_leaves", "test_refused_with_the_reason",
                                          "test_maxtext_dequantization_is_the_dequantized_conversion0",
                                          "test_maxtext_dequantization_is_the_dequantized_conversion1",
-                                         "test_scales_regrouped_per_key_head_in_block_units")}})
+                                         "test_scales_regrouped_per_key_head_in_block_units",
+                                         "test_laid_out_again_it_keeps_the_fp8_kernels_and_scales")}})
 
 if __name__ == "__main__":
   absltest.main(testLoader=harness.GroupShardingLoader(SHARD_GROUPS))

@@ -7,6 +7,10 @@ them. An output leaf is then the source's leaf itself (same stacking: re-chunked
 slices (`loaders.Copy` of `MaxTextTensor.at`): values are copied, never transformed, so every float32 leaf comes
 out bit for bit. The plan is the forward direction's `Plan`, so the output, `--verify`, `--dry_run`, resume and
 several processes treat it as any other.
+
+A native fp8 checkpoint (converted with --keep_fp8) keeps its FP8 kernels as stored and each one's `_scale` leaf in
+float32: a scale leaf keeps its kernel's stacking axes whole at the same positions (converter/planning/native_fp8.py),
+so it is laid out as its kernel is, its own chunk grid cut by the same rule.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import numpy as np
 
 from converter import families
 from converter.lora import lora_export
+from converter.planning import native_fp8
 from converter.planning import plan as plan_lib
 from converter.arrays import Shape
 from converter.errors import ConversionError
@@ -75,13 +80,13 @@ def plan_relayout(checkpoint_path: str, options: PlanOptions, *, family: str | N
     raise ConversionError("--checkpoint_path (a MaxText checkpoint laid out again) takes no --keep_fp8,"
                           " --lora_adapter_path or --text_only: its leaves are copied as they are")
   items_path = items_path_of(checkpoint_path)
-  source = open_maxtext(items_path)
-  record = source.record
-  if record.fp8:
-    raise ConversionError(f"{items_path}: a native fp8 checkpoint (converted with --keep_fp8, for {record.target_model}):"
-                          " its FP8 kernels and their scales would come out dequantized for a model that reads them"
-                          " as FP8; laying such a checkpoint out again is not supported (convert it again from"
-                          " HuggingFace instead)")
+  record = open_maxtext(items_path).record
+  fp8 = native_fp8.Fp8Output(record.fp8["weight_dtype"], int(record.fp8["block"]),
+                             tuple(record.fp8["unquantized_modules"])) if record.fp8 else None
+  if fp8 is not None and lora_checkpoint_path:
+    raise ConversionError(f"{items_path}: a native fp8 checkpoint (--keep_fp8) keeps its FP8 kernels as stored, so"
+                          " a LoRA checkpoint cannot be merged into them; merge into a dequantized conversion")
+  source = open_maxtext(items_path, raw_fp8=fp8 is not None)
   hf_config, config_source = original_config(items_path, record, hf_config_path)
   config = parse_model_config(hf_config, config_source)
   towers = any(name.split("/")[0] in TOWER_SUBTREES for name in source.tensors)
@@ -112,7 +117,7 @@ def plan_relayout(checkpoint_path: str, options: PlanOptions, *, family: str | N
   builder = _Leaves(source, model.config.path, np.dtype(options.save_dtype), "scanned" if stored_scan else
                     "unscanned", merge)
   layout = model.layout(vocab, options.scan_layers)
-  leaves = [builder.top(maxtext, params) for maxtext, params in plan_lib.by_leaf(layout.top).items()]
+  leaves = [leaf for maxtext, params in plan_lib.by_leaf(layout.top).items() for leaf in builder.top(maxtext, params)]
   for group in layout.groups:
     leaves.extend(builder.group(group.resolved(), layers))
   if merge is not None and builder.merged != set(merge.weights):
@@ -125,7 +130,7 @@ def plan_relayout(checkpoint_path: str, options: PlanOptions, *, family: str | N
                           f" not know: {', '.join(unused[:5])}{' ...' if len(unused) > 5 else ''}")
   leaves = [plan_lib.chunked(leaf, options.chunking) for leaf in leaves]
   return plan_lib.Plan(model, source, vocab, options.scan_layers, np.dtype(options.save_dtype), tuple(leaves), (),
-                       tuple(warnings), None, options.chunking)
+                       tuple(warnings), fp8, options.chunking)
 
 
 class _Leaves:
@@ -141,24 +146,34 @@ class _Leaves:
     self.used: set[str] = set()
     self.merged: set[str] = set()  # The HF weights whose LoRA update went into a kernel.
 
-  def _tensor(self, path: str, fixed: tuple[tuple[int, int], ...], expected: Shape) -> MaxTextTensor:
+  def _tensor(self, path: str, fixed: tuple[tuple[int, int], ...], expected: Shape | None) -> MaxTextTensor:
+    """The source leaf at `path` (one layer of it at `fixed`), checked to have the `expected` shape (a scale
+    leaf's, None: its kernel's was checked)."""
     tensor = self._source.tensors.get(path)
     shown = self._source.tree.show(path.split("/"))
     if tensor is None:
       raise ConversionError(f"{self._source.location}: leaf {shown} is missing; the {self._stored} checkpoint of"
                             f" {self._config_path} needs it")
     tensor = tensor.at(fixed)
-    if tensor.shape != tuple(expected):
+    if expected is not None and tensor.shape != tuple(expected):
       raise ConversionError(f"{self._source.location}: leaf {shown} has {'a layer' if fixed else 'shape'}"
                             f" {tensor.shape}, but {self._config_path} implies {tuple(expected)}")
     self.used.add(path)
     return tensor
 
   def _dtype(self, params: list[Param], tensor: MaxTextTensor) -> np.dtype:
-    """--save_dtype, or float32 for a leaf whose params keep the float32 the checkpoint stores."""
+    """--save_dtype; or float32 for a leaf whose params keep the float32 the checkpoint stores; or an FP8 kernel's
+    own dtype (its bytes are kept)."""
     if all(p.keep_float32 for p in params) and tensor.dtype == np.float32:
       return np.dtype(np.float32)
+    if "float8" in tensor.dtype.name:
+      return tensor.dtype
     return self._save_dtype
+
+  def _scale(self, path: str) -> MaxTextTensor | None:
+    """The `_scale` leaf of a native fp8 kernel at `path`, if the source has one."""
+    tensor = self._source.tensors.get(path + "_scale")
+    return tensor if tensor is not None and "float8" in self._source.tensors[path].dtype.name else None
 
   def _adapted(self, params: list[Param], group: LayerGroup) -> dict[int, lora_export.AdapterModule]:
     """The LoRA module of each layer whose value of this leaf it adapts."""
@@ -186,11 +201,16 @@ class _Leaves:
     return AddLowRank(Copy(tensor, np.dtype(np.float32)), *factors, export.alpha / export.rank,
                       len(module.sides.in_shape), dtype)
 
-  def top(self, maxtext: str, params: list[Param]) -> plan_lib.Leaf:
-    tensor = self._tensor(maxtext, (), _per_layer_shape(params[0]))
-    dtype = self._dtype(params, tensor)
-    return plan_lib.Leaf(tuple(maxtext.split("/")), tensor.shape, dtype, (tensor.name,), Copy(tensor, dtype),
-                         plan_lib.leaf_axes(params[0], len(tensor.shape)))
+  def top(self, maxtext: str, params: list[Param]) -> list[plan_lib.Leaf]:
+    leaves = []
+    for path, expected in ((maxtext, _per_layer_shape(params[0])), (maxtext + "_scale", None)):
+      if expected is None and self._scale(maxtext) is None:
+        break
+      tensor = self._tensor(path, (), expected)
+      dtype = np.dtype(np.float32) if expected is None else self._dtype(params, tensor)
+      leaves.append(plan_lib.Leaf(tuple(path.split("/")), tensor.shape, dtype, (tensor.name,), Copy(tensor, dtype),
+                                  plan_lib.leaf_axes(params[0], len(tensor.shape))))
+    return leaves
 
   def group(self, group: LayerGroup, layers: dict[tuple[str, int], _Located]) -> list[plan_lib.Leaf]:
     leaves = []
@@ -202,24 +222,33 @@ class _Leaves:
           raise ConversionError(f"{self._source.location}: the {self._stored} checkpoint has no layer {layer} of"
                                 f" {maxtext}")
         located[layer] = layers[(maxtext, layer)]
-      path = (*group.path, *maxtext.split("/"))
-      axis = params[0].scan_axis
-      adapted = self._adapted(params, group)
-      whole = None if adapted else _whole_leaf(group, path, located, axis)
-      if whole is not None:
-        stacking = group.stacking if group.stacked else ()
-        tensor = self._tensor(whole, (), expected[:axis] + stacking + expected[axis:] if stacking else expected)
-        dtype = self._dtype(params, tensor)
-        loader, shape, names = Copy(tensor, dtype), tensor.shape, (tensor.name,)
-      else:
-        per_layer = {layer: self._tensor(p, fixed, expected) for layer, (p, fixed) in located.items()}
-        dtype = self._dtype(params, next(iter(per_layer.values())))
-        parts = {layer: (self._merged(adapted.get(layer), t, dtype), t.shape) for layer, t in per_layer.items()}
-        names = tuple(dict.fromkeys(t.name for t in per_layer.values()))
-        loader, shape = plan_lib.stack_layers(group, parts, axis, dtype)
-      leaves.append(plan_lib.Leaf(path, shape, dtype, names, loader,
-                                  plan_lib.group_leaf_axes(group, params[0], len(shape))))
+      leaves.append(self._group_leaf(group, maxtext, params, located, expected, self._adapted(params, group)))
+      if self._scale(next(iter(located.values()))[0]) is not None:
+        scales = {layer: (p + "_scale", fixed) for layer, (p, fixed) in located.items()}
+        leaves.append(self._group_leaf(group, maxtext + "_scale", params, scales, None, {}))
     return leaves
+
+  def _group_leaf(self, group: LayerGroup, maxtext: str, params: list[Param], located: dict[int, _Located],
+                  expected: Shape | None, adapted: dict[int, lora_export.AdapterModule]) -> plan_lib.Leaf:
+    """The output leaf `maxtext` of `group`, its layers `located` in the source; `expected` None: a native fp8
+    kernel's scale leaf (float32, its layers' shapes those the source stores)."""
+    path = (*group.path, *maxtext.split("/"))
+    axis = params[0].scan_axis
+    dtype_of = (lambda t: np.dtype(np.float32)) if expected is None else (lambda t: self._dtype(params, t))
+    whole = None if adapted else _whole_leaf(group, path, located, axis)
+    if whole is not None:
+      stacking = group.stacking if group.stacked else ()
+      tensor = self._tensor(whole, (), None if expected is None else
+                            expected[:axis] + stacking + expected[axis:] if stacking else expected)
+      dtype = dtype_of(tensor)
+      loader, shape, names = Copy(tensor, dtype), tensor.shape, (tensor.name,)
+    else:
+      per_layer = {layer: self._tensor(p, fixed, expected) for layer, (p, fixed) in located.items()}
+      dtype = dtype_of(next(iter(per_layer.values())))
+      parts = {layer: (self._merged(adapted.get(layer), t, dtype), t.shape) for layer, t in per_layer.items()}
+      names = tuple(dict.fromkeys(t.name for t in per_layer.values()))
+      loader, shape = plan_lib.stack_layers(group, parts, axis, dtype)
+    return plan_lib.Leaf(path, shape, dtype, names, loader, plan_lib.group_leaf_axes(group, params[0], len(shape)))
 
 
 def _whole_leaf(group: LayerGroup, path: tuple[str, ...], located: dict[int, _Located], axis: int) -> str | None:

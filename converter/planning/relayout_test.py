@@ -60,12 +60,14 @@ class _StandIn:
                    if leaf.name not in drop}
     self.values.update(extra or {})
     self.record = record or ConversionRecord(scan_layers=forward.scan_layers, family=forward.family.name,
-                                             target_model=forward.target_model, hf_config=dict(forward.config.raw))
+                                             target_model=forward.target_model, hf_config=dict(forward.config.raw),
+                                             fp8=dataclasses.asdict(forward.fp8) if forward.fp8 else None)
 
-  def open_maxtext(self, items_path):
+  def open_maxtext(self, items_path, raw_fp8=False):
     arrays = {keys: StoredArray(keys, ".".join(keys), value.shape, value.dtype) for keys, value in self.values.items()}
     tree = maxtext.model_tree(arrays, items_path)
-    tensors = {"/".join(path): maxtext.MaxTextTensor(items_path, array.path, array.shape, array.dtype)
+    tensors = {"/".join(path): maxtext.MaxTextTensor(items_path, array.path, array.shape, array.dtype,
+                                                     raw_fp8=raw_fp8)
                for path, array in tree.params.items()}
     return maxtext.MaxTextSource(items_path, tensors, (), self.record, tree)
 
@@ -119,6 +121,25 @@ class RelayoutTest(parameterized.TestCase):
     got, values = stand_in.relayout(scan_layers=True, save_dtype="bfloat16")
     self.assert_same_leaves(got, values, _forward(self.models[name], scan_layers=True, save_dtype="bfloat16"))
 
+  def test_native_fp8_kernels_and_scales_are_laid_out_as_stored(self):
+    """A --keep_fp8 checkpoint laid out again equals the --keep_fp8 conversion to that layout leaf for leaf: FP8
+    kernels byte for byte, their float32 scales beside them, the rest in --save_dtype; the fp8 overrides kept."""
+    model = tiny_models.build_tiny_model("qwen3_5_fp8", _tmpdir())
+    for scan in (True, False):
+      with self.subTest(scan=scan):
+        stand_in = _StandIn(_forward(model, scan_layers=scan, save_dtype="bfloat16", keep_fp8=True))
+        got, values = stand_in.relayout(scan_layers=not scan, save_dtype="bfloat16")
+        expected = _forward(model, scan_layers=not scan, save_dtype="bfloat16", keep_fp8=True)
+        self.assert_same_leaves(got, values, expected)
+        kinds = {leaf.dtype.name for leaf in got.leaves}
+        self.assertEqual(kinds, {"float8_e4m3fn", "float32", "bfloat16"})
+        self.assertEqual(got.fp8, expected.fp8)
+        self.assertEqual(got.runtime.config.overrides(), expected.runtime.config.overrides())
+    stand_in = _StandIn(_forward(model, scan_layers=True, save_dtype="bfloat16", keep_fp8=True))
+    with self.assertRaisesRegex(ConversionError, "native fp8 checkpoint .* a LoRA checkpoint cannot be merged"):
+      with mock.patch.object(relayout, "open_maxtext", stand_in.open_maxtext):
+        relayout.plan_relayout(stand_in.items, PlanOptions(), lora_checkpoint_path="/lora/0/items")
+
   def test_same_stacking_copies_each_leaf_whole(self):
     stand_in = _StandIn(_forward(self.models["deepseek3"], scan_layers=True, save_dtype="float32"))
     got, _ = stand_in.relayout(scan_layers=True, save_dtype="bfloat16")
@@ -167,9 +188,6 @@ class RelayoutTest(parameterized.TestCase):
     stand_in = _StandIn(forward)
     with self.assertRaisesRegex(ConversionError, "takes no --keep_fp8"):
       stand_in.relayout(keep_fp8=True)
-    fp8 = _StandIn(forward, record=dataclasses.replace(stand_in.record, fp8={"weight_dtype": "float8_e4m3fn"}))
-    with self.assertRaisesRegex(ConversionError, "a native fp8 checkpoint .* not supported"):
-      fp8.relayout()
     vocab = forward.target_vocab_size
     with self.assertRaisesRegex(ConversionError, f"vocabulary of {vocab} rows, which laying it out again keeps"):
       stand_in.relayout(target_vocab_size=vocab + 3)

@@ -48,6 +48,7 @@ class MaxTextTensor:
   stored_shape: Shape
   stored_dtype: np.dtype
   fixed: tuple[tuple[int, int], ...] = ()  # (axis, position) of the stored array, axes increasing.
+  raw_fp8: bool = False  # A native fp8 checkpoint's FP8 kernels and scales read as stored (not dequantized).
 
   @property
   def name(self) -> str:
@@ -184,44 +185,46 @@ def model_tree(arrays: Mapping[tuple[str, ...], Any], items_path: str) -> ModelT
       f" (<step>/model_params, every leaf .../value); its arrays are under: {', '.join(top) or 'nothing'}")
 
 
-def open_maxtext(items_path: str) -> MaxTextSource:
-  """The parameter leaves of the MaxText checkpoint at `items_path` (OUT/N/items), from its metadata alone."""
-  tree = model_tree(_reader(items_path).arrays, items_path)
+def open_maxtext(items_path: str, raw_fp8: bool = False) -> MaxTextSource:
+  """The parameter leaves of the MaxText checkpoint at `items_path` (OUT/N/items), from its metadata alone. A
+  native fp8 checkpoint's FP8 kernels are presented dequantized (float32, as MaxText computes with them), or with
+  `raw_fp8` as stored, each beside its `<name>_scale` leaf."""
+  tree = model_tree(_reader(items_path, raw_fp8).arrays, items_path)
   tensors = {}
   for path, array in tree.params.items():
     if array.dtype.kind not in "fV":
       raise ConversionError(f"{items_path}: leaf {'/'.join(array.path)} has dtype {array.dtype}, not a float")
-    tensors["/".join(path)] = MaxTextTensor(items_path, array.path, array.shape, array.dtype)
+    tensors["/".join(path)] = MaxTextTensor(items_path, array.path, array.shape, array.dtype, raw_fp8=raw_fp8)
   return MaxTextSource(items_path, tensors, (orbax_layout.tree_metadata_path(items_path),),
                        ConversionRecord.read(items_path), tree)
 
 
 _lock = threading.Lock()
-_readers: dict[str, Any] = {}
-_open_arrays: collections.OrderedDict[tuple[str, tuple[str, ...]], Any] = collections.OrderedDict()
+_readers: dict[tuple[str, bool], Any] = {}
+_open_arrays: collections.OrderedDict[tuple[str, tuple[str, ...], bool], Any] = collections.OrderedDict()
 
 
-def _reader(items_path: str):
+def _reader(items_path: str, raw_fp8: bool = False):
   from converter.sources.checkpoint_reader import CheckpointReader  # pylint: disable=g-import-not-at-top
 
   with _lock:
-    reader = _readers.get(items_path)
+    reader = _readers.get((items_path, raw_fp8))
   if reader is None:
-    reader = CheckpointReader(items_path, dequantize_fp8=True)
+    reader = CheckpointReader(items_path, dequantize_fp8=not raw_fp8)
     with _lock:
-      reader = _readers.setdefault(items_path, reader)
+      reader = _readers.setdefault((items_path, raw_fp8), reader)
   return reader
 
 
 def _open(tensor: MaxTextTensor):
   """The stored array of `tensor`, opened once per process (the most recently read few stay open)."""
-  key = (tensor.items_path, tensor.keys)
+  key = (tensor.items_path, tensor.keys, tensor.raw_fp8)
   with _lock:
     opened = _open_arrays.get(key)
     if opened is not None:
       _open_arrays.move_to_end(key)
       return opened
-  reader = _reader(tensor.items_path)
+  reader = _reader(tensor.items_path, tensor.raw_fp8)
   array = reader.arrays.get(tensor.keys)
   if array is None:
     raise ConversionError(f"{tensor.items_path}: leaf {'/'.join(tensor.keys)} is not in the checkpoint")

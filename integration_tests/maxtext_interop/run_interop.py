@@ -79,6 +79,9 @@ flags.DEFINE_list("tunix_sft_families", ["qwen3"], "Tiny models also trained two
                   " trainer (train_sft: Tunix's PeftTrainer, a tiny pre-tokenized Megatron mmap file) from their"
                   " converted checkpoint (scan on), whose Tunix checkpoint (<step>/model_params, an NNX state)"
                   " converted back to HuggingFace must give MaxText's logits on it in transformers.")
+flags.DEFINE_list("relayout_families", ["qwen3_5_fp8"], "Tiny models also converted (scan on, the row's flags:"
+                  " --keep_fp8 for qwen3_5_fp8) and laid out again by --checkpoint_path (MaxText -> MaxText, scan"
+                  " off): MaxText loads the re-laid checkpoint, its FP8 kernels and scales as stored.")
 flags.DEFINE_list("damaged_families", ["qwen3"], "Tiny models also converted (scan on) and then damaged, one bit"
                   " flipped in one stored chunk: MaxText's loader must refuse them (the chunk's checksum).")
 flags.DEFINE_integer("jobs", 2, "Cases (convert + MaxText forward) run at once.")
@@ -126,6 +129,8 @@ class Case:
   tunix_sft: bool = False
   # One bit of one stored chunk flipped after the conversion: MaxText's load must fail on the chunk's checksum.
   damaged: bool = False
+  # The conversion laid out again with the other scan setting (--checkpoint_path), which MaxText then loads.
+  relayout: bool = False
 
   @property
   def passed(self) -> bool:
@@ -134,7 +139,7 @@ class Case:
   @property
   def name(self) -> str:
     return (f"{self.model} scan={'on' if self.scan else 'off'}" + (f" x{self.processes}" if self.processes > 1 else "")
-            + "".join(f" {flag}" for flag in self.converter_flags))
+            + "".join(f" {flag}" for flag in self.converter_flags) + (" relaid" if self.relayout else ""))
 
 
 def _tail(path: str, lines: int = 15) -> str:
@@ -246,6 +251,15 @@ def run_case(case: Case) -> Case:
     if rc != 0:
       case.error = f"converter exited {rc}:\n{_tail(os.path.join(case.work, 'convert.log'))}"
       return case
+    if case.relayout:
+      relaid = os.path.join(case.work, "relaid")
+      rc = _run([sys.executable, CONVERTER, f"--checkpoint_path={os.path.join(out_dir, '0', 'items')}",
+                 f"--output_dir={relaid}", f"--scan_layers={str(not case.scan).lower()}", "--save_dtype=float32",
+                 "--simulated_cpu_devices_count=1"], os.path.join(case.work, "relayout.log"), _converter_env())
+      if rc != 0:
+        case.error = f"the re-layout exited {rc}:\n{_tail(os.path.join(case.work, 'relayout.log'))}"
+        return case
+      out_dir = relaid
     overrides, target = recorded_overrides(out_dir)
     if target != case.maxtext_model:
       case.error = f"checkpoint records target_model={target!r}, not {case.maxtext_model!r}"
@@ -616,6 +630,7 @@ def main(argv: list[str]) -> int:
       model += " sft->hf" if case.sft else ""
       model += " tunix-sft->hf" if case.tunix_sft else ""
       model += " damaged" if case.damaged else ""
+      model += " relaid" if case.relayout else ""
       shipped = "" if np.isnan(case.shipped_diff) else f"  (as shipped {case.shipped_diff:.2e}, floor {case.shipped_floor:g})"
       print(f"{model:<20} {case.maxtext_model:<17} {'on' if case.scan else 'off':<4} {diff:>10} {agree:>8}"
             f"  {case.seconds:5.0f}  {'PASS' if case.passed else 'FAIL'}{shipped}", flush=True)
@@ -667,6 +682,8 @@ def main(argv: list[str]) -> int:
         variants.append(("scan_on_2_processes", dict(processes=2)))
       if name in FLAGS.damaged_families:
         variants.append(("scan_on_damaged", dict(damaged=True)))
+      if name in FLAGS.relayout_families:
+        variants.append(("scan_on_relaid_off", dict(relayout=True)))
       for variant_dir, variant in variants if True in scans and True in spec.scans else ():
         case = Case(name, tiny_models.TINY_MODELS[name].maxtext_model, True, hf_dir, ids_path, reference,
                     os.path.join(model_dir, variant_dir), **variant)
