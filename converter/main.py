@@ -480,7 +480,8 @@ def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   gc.disable()  # Until start-up is done (_start_up_done): imports only add objects that live as long as we do.
-  malloc.configure()
+  relayout = FLAGS.direction == "to_maxtext" and FLAGS.checkpoint_path
+  malloc.configure(malloc.RELAYOUT_MMAP_THRESHOLD_BYTES if relayout else malloc.MMAP_THRESHOLD_BYTES)
   from converter import storage  # pylint: disable=g-import-not-at-top
 
   storage.configure_emulator()  # Before tensorstore or gcsfs read their settings.

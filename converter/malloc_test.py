@@ -1,5 +1,5 @@
 """After malloc.configure(), a block as large as the write blocks comes from the heap and, once freed, stays there
-for the next one; without it glibc maps and unmaps it (the control). Each case runs in a fresh process:
+for the next one; a re-layout's configuration and glibc's default map and unmap it. Each case runs in a fresh process:
 malloc's settings are the process's own."""
 
 import os
@@ -26,6 +26,8 @@ libc = ctypes.CDLL("libc.so.6")
 libc.mallinfo2.restype = MallInfo2
 if sys.argv[1] == "configure" and not malloc.configure():
   sys.exit("mallopt refused a setting")
+if sys.argv[1] == "relayout" and not malloc.configure(malloc.RELAYOUT_MMAP_THRESHOLD_BYTES):
+  sys.exit("mallopt refused a setting")
 mapped = libc.mallinfo2().hblkhd
 block = np.ones(24 << 20, np.uint8)
 mapped = libc.mallinfo2().hblkhd - mapped
@@ -47,6 +49,12 @@ class MallocTest(absltest.TestCase):
     mapped, kept = probe("configure")
     self.assertEqual(mapped, 0)
     self.assertGreaterEqual(kept, 24 << 20)
+
+  def test_a_relayout_maps_its_blocks_and_gives_them_back(self):
+    # Its read pieces alone stay in the heap (see malloc.RELAYOUT_MMAP_THRESHOLD_BYTES).
+    mapped, kept = probe("relayout")
+    self.assertGreaterEqual(mapped, 24 << 20)
+    self.assertLess(kept, 24 << 20)
 
   def test_without_it_glibc_maps_and_unmaps_each_block(self):
     mapped, kept = probe("default")

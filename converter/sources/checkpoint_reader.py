@@ -33,6 +33,9 @@ from converter.sources import orbax_format
 from converter.errors import ConversionError
 
 Index = tuple[Any, ...]  # ints and slices, as numpy takes them.
+# The most one read asks TensorStore for at once (`OpenArray._read_in_pieces`). Measured on a re-layout at Kimi
+# K2.6's widths, random values (docs/relayout.md): whole blocks 858 MiB, 4 MiB pieces 802-811, 1 MiB 639-667.
+READ_PIECE_BYTES = 1 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,17 +97,46 @@ class OpenArray:
     """`array[index]` as a fresh ndarray laid out as the stored chunks' elements are (C order unless the writer
     kept its sources' layout, handlers/_orbax_private.with_inner_chunks): copied out of each chunk in memory
     order, and the way back's inverse transposes are then views. Only the chunks `index` touches are read."""
-    view = self._store[index]
     order = _kept_order(self._inner_order, index, len(self.array.shape))
     try:
-      if order is None:
-        return np.ascontiguousarray(view.read().result())
-      value = view[ts.d[order].transpose[:]].read().result()
+      value = self._read_in_pieces(tuple(index) + (slice(None),) * (len(self.array.shape) - len(index)), order)
     except Exception as e:  # TensorStore raises ValueError / RuntimeError with its own status text.
       raise ConversionError(
           f"{self._reader.items_path}: reading leaf {'/'.join(self.array.path)} at {_show(index)} failed: {e}"
       ) from e
-    return np.transpose(value, np.argsort(order))
+    return value if order is None else np.transpose(value, np.argsort(order))
+
+  def _read_in_pieces(self, index: Index, order: list[int] | None) -> np.ndarray:
+    """`array[index]` in stored element order (`order`: the kept axes' order, None for C order), read a few
+    stored chunks at a time along the first axis whose extent spans several, the next piece read while the last
+    is copied into the result.
+
+    TensorStore reads every chunk a read touches at once, each into a buffer of its own, and copies them into the
+    result as they arrive: read whole, a block held its stored bytes twice, and every block being read at once
+    (docs/relayout.md, the re-layout on random values). Pieces bound that to about two pieces.
+    """
+    kept = [axis for axis, i in enumerate(index) if isinstance(i, slice)]
+    bounds = {axis: index[axis].indices(self.array.shape[axis])[:2] for axis in kept}
+    chunk = self._reader.chunk_shape(self.array)
+    extents = [end - begin for begin, end in bounds.values()]
+    nbytes = math.prod(extents) * self.array.dtype.itemsize
+    axis = next((a for a in kept if bounds[a][1] - bounds[a][0] > chunk[a]), None)
+    read = lambda at: (self._store[at] if order is None else self._store[at][ts.d[order].transpose[:]]).read()
+    if axis is None or nbytes <= READ_PIECE_BYTES:
+      return np.ascontiguousarray(read(index).result())
+    begin, end = bounds[axis]
+    rows = max(1, READ_PIECE_BYTES * (end - begin) // nbytes // chunk[axis]) * chunk[axis]
+    cuts = [begin, *range((begin // rows + 1) * rows, end, rows), end]
+    position = kept.index(axis) if order is None else order.index(kept.index(axis))
+    shape = extents if order is None else [extents[o] for o in order]
+    out = np.empty(shape, dtype=self.array.dtype)
+    piece = lambda lo, hi: read(index[:axis] + (slice(lo, hi),) + index[axis + 1:])
+    pending = piece(cuts[0], cuts[1])
+    for lo, hi, after in zip(cuts, cuts[1:], [*cuts[2:], None]):
+      following = piece(hi, after) if after is not None else None
+      out[(slice(None),) * position + (slice(lo - begin, hi - begin),)] = pending.result()
+      pending = following
+    return out
 
 
 def _kept_order(inner_order: Sequence[int], index: Index, rank: int) -> list[int] | None:

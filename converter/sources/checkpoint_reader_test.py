@@ -5,6 +5,7 @@ errors that name the checkpoint and the leaf."""
 import glob
 import os
 import tempfile
+from unittest import mock
 
 import jax
 
@@ -15,8 +16,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 from absl.testing import absltest, parameterized
 
-from converter.sources.checkpoint_reader import (  # pylint: disable=g-import-not-at-top
-    CheckpointReader, StoredArray, cache_bytes)
+from converter.sources import checkpoint_reader  # pylint: disable=g-import-not-at-top
+from converter.sources.checkpoint_reader import CheckpointReader, StoredArray, cache_bytes
 from converter.errors import ConversionError
 from handlers import ITEMS, LazyTensor, WriteOptions, lazy_tensor_context
 
@@ -122,6 +123,58 @@ class CheckpointReaderTest(parameterized.TestCase):
     empty = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
     with self.assertRaisesRegex(ConversionError, "not an Orbax PyTree checkpoint"):
       CheckpointReader(empty)
+
+
+class _CountedStore:
+  """A stored array whose slicings are counted: each is one read TensorStore is asked for."""
+
+  def __init__(self, store):
+    self.store = store
+    self.reads = 0
+
+  def __getitem__(self, index):
+    self.reads += 1
+    return self.store[index]
+
+
+class ReadInPiecesTest(parameterized.TestCase):
+  """A read larger than READ_PIECE_BYTES comes in pieces cut on the stored chunks, equal to one whole read, in C
+  order and in a kept element order."""
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.value = _values(2, (3, 12, 10))
+    out = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
+    tree = {"step": 0, "opt_state": {}, "params": {"params": {
+        "c_order": LazyTensor("c_order", cls.value.shape, cls.value.dtype, _Blocks(cls.value, (1, 12, 10)),
+                              chunk_shape=(1, 3, 5)),
+        "kept_order": LazyTensor("kept_order", cls.value.shape, cls.value.dtype, _Blocks(cls.value, (1, 12, 10)),
+                                 chunk_shape=(1, 3, 5), element_order=(0, 2, 1)),
+    }}}
+    checkpointer = ocp.v1.training.Checkpointer(out, context=lazy_tensor_context(WriteOptions(1 << 20)))
+    checkpointer.save_checkpointables(0, {ITEMS: tree})
+    checkpointer.close()
+    cls.reader = CheckpointReader(os.path.join(out, "0", ITEMS))
+
+  @parameterized.product(
+      name=["c_order", "kept_order"],
+      index=[(1,), (slice(None),), (2, slice(1, 11)), (slice(0, 2), slice(4, 12), slice(3, 9)), (0, 7)],
+  )
+  def test_pieces_equal_the_whole_read(self, name, index):
+    array = self.reader.arrays[("params", "params", name)]
+    opened = self.reader.open(array, index, cache_limit=0)
+    counted = opened._store = _CountedStore(opened._store)  # pylint: disable=protected-access
+    piece = 2 * 3 * 5 * 4  # Two chunks' rows: a read of more comes in several.
+    with mock.patch.object(checkpoint_reader, "READ_PIECE_BYTES", piece):
+      got = opened.read(index)
+    np.testing.assert_array_equal(got, self.value[index])
+    if name == "c_order":
+      self.assertTrue(got.flags.c_contiguous)
+    if self.value[index].nbytes > 3 * piece:
+      self.assertGreater(counted.reads, 1)
+    else:
+      self.assertGreaterEqual(counted.reads, 1)
 
 
 class DamagedChunkTest(absltest.TestCase):
