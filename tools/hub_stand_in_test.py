@@ -12,7 +12,10 @@ from tools import hub_stand_in
 class HubStandInTest(absltest.TestCase):
 
   def test_huggingface_hubs_upload_calls(self):
-    os.environ["HF_HUB_DISABLE_XET"] = "1"  # Read when huggingface_hub is imported: before the import below.
+    # Read when huggingface_hub is imported, so before the import below: LFS transfers (the stand-in has no Xet),
+    # and online (the test suites set HF_HUB_OFFLINE; this test talks to 127.0.0.1 only).
+    os.environ["HF_HUB_DISABLE_XET"] = "1"
+    os.environ.pop("HF_HUB_OFFLINE", None)
     from huggingface_hub import CommitOperationAdd, HfApi, errors  # pylint: disable=g-import-not-at-top
 
     weights = os.path.join(self.create_tempdir().full_path, "model.safetensors")
