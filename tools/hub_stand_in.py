@@ -14,6 +14,7 @@ and by the benchmark's way back to a Hub repo (tools/benchmark.py --hub).
 from __future__ import annotations
 
 import base64
+import errno
 import hashlib
 import http.server
 import json
@@ -27,6 +28,17 @@ COMMIT = "0123456789abcdef0123456789abcdef01234567"
 BAD_TOKEN = "Invalid credentials in Authorization header"  # The Hub's message, which huggingface_hub matches.
 
 
+def _link_or_copy(source: str, target: str) -> None:
+  """The stored object itself where it can be (no second copy of a large file); a repo's directory given by the
+  caller may be on another file system (a test's own temporary directory under Bazel's sandbox)."""
+  try:
+    os.link(source, target)
+  except OSError as e:
+    if e.errno != errno.EXDEV:
+      raise
+    shutil.copyfile(source, target)
+
+
 class HubStandIn:
   """`with HubStandIn({"org/name": directory}) as hub:` then HF_ENDPOINT=hub.url.
 
@@ -34,12 +46,12 @@ class HubStandIn:
   `multipart_bytes`: LFS objects larger than this are sent in parts of that size (the Hub's multipart transfer).
   `hold_upload`: the 1-based number of the LFS upload request that waits until `release()` (a test interrupts
   the uploader meanwhile); `holding` is set when it arrives. `root_parent`: where its files go (a temporary
-  directory there, removed on exit).
+  directory there, removed on exit; by default the test's own TEST_TMPDIR, or the system's).
   """
 
   def __init__(self, repos: dict[str, str], *, tokens: set[str] | None = None, multipart_bytes: int = 1 << 40,
                hold_upload: int | None = None, root_parent: str | None = None):
-    self._root = tempfile.mkdtemp(prefix="hub-stand-in-", dir=root_parent)
+    self._root = tempfile.mkdtemp(prefix="hub-stand-in-", dir=root_parent or os.environ.get("TEST_TMPDIR"))
     # repo id -> branch -> [head commit, directory]
     self.branches: dict[str, dict[str, list[str]]] = {r: {"main": [COMMIT, d]} for r, d in repos.items()}
     self.private: dict[str, bool] = {r: False for r in repos}
@@ -327,7 +339,7 @@ class HubStandIn:
             with open(target, "wb") as f:
               f.write(base64.b64decode(value["content"]))
           elif line["key"] == "lfsFile":
-            os.link(stand_in.lfs[value["oid"]], target)  # The stored object itself: no second copy.
+            _link_or_copy(stand_in.lfs[value["oid"]], target)
           elif line["key"] == "deletedFile":
             deleted.append(value["path"])
             continue

@@ -2,7 +2,9 @@
 (409 when they exist), LFS objects sent whole or in parts and checked against their sha256, an object already
 stored not asked for again, one commit per call refused when its parent moved (412) or the token is unknown (401)."""
 
+import errno
 import os
+from unittest import mock
 
 from absl.testing import absltest
 
@@ -49,6 +51,15 @@ class HubStandInTest(absltest.TestCase):
         HfApi(endpoint=hub.url, token="hf_other").create_repo("org/other")
       self.assertEqual(refused.exception.response.status_code, 401)
       self.assertLen(hub.commits, 1)
+
+      # A repo's directory on another file system than the stand-in's objects (Bazel's sandbox): copied there.
+      cross_device = OSError(errno.EXDEV, "Invalid cross-device link")
+      with mock.patch.object(hub_stand_in.os, "link", side_effect=cross_device):
+        head = api.repo_info("org/model", revision="dev").sha
+        api.create_commit("org/model", [CommitOperationAdd(path_in_repo="copy.safetensors", path_or_fileobj=weights)],
+                          commit_message="m", revision="dev", parent_commit=head)
+      with open(weights, "rb") as f:
+        self.assertEqual(hub.files("org/model", "dev")["copy.safetensors"], f.read())
 
 
 if __name__ == "__main__":
