@@ -212,7 +212,8 @@ class LoraAdapterOnlyTest(absltest.TestCase):
       else:  # The same export pushed to a Hub repo: the adapter's two files, in one commit.
         with hub_stand_in.HubStandIn({}) as hub:
           harness.run_converter(*export, "--output_dir=hf://tiny-org/tiny-adapter",
-                                env={"HF_ENDPOINT": hub.url, "HF_HUB_DISABLE_XET": "1", "HF_TOKEN": "hf_test"})
+                                env={"HF_ENDPOINT": hub.url, "HF_HUB_DISABLE_XET": "1", "HF_TOKEN": "hf_test",
+                                     "HF_HUB_OFFLINE": "0"})  # The suites set it; the stand-in is on 127.0.0.1.
           files = hub.files("tiny-org/tiny-adapter")
           self.assertLen(hub.commits, 1)
         self.assertEqual(sorted(files), [ADAPTER_CONFIG, ADAPTER_WEIGHTS])
