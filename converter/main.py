@@ -29,6 +29,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 from absl import app, flags, logging
 
 from converter import malloc
+from converter.output import hub_repo
 from converter.layout.chunking import ChunkRule, parse_mesh
 from converter.options import PlanOptions, ReverseOptions, RunContext, SaveOptions
 from converter.planning.plan import Plan
@@ -255,7 +256,7 @@ def run() -> None:
     _run_to_huggingface()
   elif FLAGS["export"].present:
     raise app.UsageError("--export applies to --direction=to_huggingface only")
-  elif FLAGS.output_dir.startswith("hf://") or FLAGS["hub_private"].present:
+  elif hub_repo.is_hub(FLAGS.output_dir) or FLAGS["hub_private"].present:
     raise app.UsageError("--output_dir=hf://... (and --hub_private) are the way back's (--direction=to_huggingface):"
                          " a MaxText checkpoint is written to a disk or gs://")
   elif not FLAGS.checkpoint_path and (FLAGS["lora_alpha"].present or FLAGS["lora_checkpoint_path"].present):

@@ -93,7 +93,6 @@ class HubRepo:
     self._additions: list[Any] = []
     self._uploads: list[concurrent.futures.Future] = []
     self._pool: concurrent.futures.ThreadPoolExecutor | None = None
-    self._lock = threading.Lock()
 
   @property
   def _where(self) -> str:
@@ -126,7 +125,7 @@ class HubRepo:
     if shared:
       raise ConversionError(f"{self.path}: the way back to the Hub runs in one process (its single commit names"
                             " every shard); run it on one host, or write to gs:// from several and upload that")
-    from huggingface_hub import HfApi, errors, utils  # pylint: disable=g-import-not-at-top
+    from huggingface_hub import HfApi, utils  # pylint: disable=g-import-not-at-top
 
     utils.disable_progress_bars()  # The conversion reports its own progress; each upload is logged.
     self._api = HfApi()
@@ -134,10 +133,7 @@ class HubRepo:
     if self.branch:
       self._call(f"creating branch {self.branch}", self._api.create_branch, self.repo_id, branch=self.branch,
                  exist_ok=True)
-    try:
-      info = self._api.repo_info(self.repo_id, revision=self.branch)
-    except (errors.HfHubHTTPError, OSError) as e:
-      raise hub_error(self._where, e, "reading the repo") from e
+    info = self._call("reading the repo", self._api.repo_info, self.repo_id, revision=self.branch)
     self._parent_commit = info.sha
     existing = sorted(s.rfilename for s in (info.siblings or []) if _CHECKPOINT_FILE.fullmatch(s.rfilename))
     if existing and not overwrite:
@@ -162,8 +158,7 @@ class HubRepo:
       if upload.done():
         upload.result()  # Raises an earlier upload's error now rather than after the whole model.
     addition = CommitOperationAdd(path_in_repo=os.path.basename(path), path_or_fileobj=path)
-    with self._lock:
-      self._additions.append(addition)
+    self._additions.append(addition)
     self._uploads.append(self._pool.submit(self._upload, addition, path))
 
   def _upload(self, addition: Any, path: str) -> None:
