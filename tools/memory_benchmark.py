@@ -20,6 +20,7 @@ ratio says whether memory grows with the bytes written (the first fifth is start
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -183,6 +184,9 @@ def main(argv: Sequence[str]) -> None:
   finally:
     for path in on_tmpfs:
       os.remove(path)
+    if FLAGS.input_tmpfs_gb:
+      with contextlib.suppress(OSError):  # Left when something else is in it.
+        os.rmdir(FLAGS.tmpfs_dir)
 
 
 def _runs(label: str, input_bytes: int, input_dir: str, started: datetime.datetime, stamp: str) -> None:
