@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import gc
 import json
-import logging as std_logging
 import os
 import resource
 import signal
@@ -28,6 +27,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 # pylint: disable=g-import-not-at-top,g-bad-import-order
 from absl import app, flags, logging
 
+from converter import library_logs
 from converter import malloc
 from converter.output import hub_repo
 from converter.layout.chunking import ChunkRule, parse_mesh
@@ -471,12 +471,6 @@ def _verify(plan, items_path: str, processes) -> None:
     raise ConversionError(f"{items_path}: --verify found {len(report.mismatches)} leaves that differ from the source")
 
 
-def _drop_library_tracebacks(record: std_logging.LogRecord) -> bool:
-  """Drops the tracebacks that libraries (Orbax's futures, gcsfs' retries) log on their way to raising an error
-  the converter then reports itself, naming the output and tensor, on one `error:` line; -v=1 keeps them."""
-  return not (record.exc_info and "site-packages" in record.pathname)
-
-
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
@@ -489,7 +483,7 @@ def main(argv: list[str]) -> None:
   storage.set_request_retries(FLAGS.storage_retries)
   if not FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)  # Orbax logs every step at INFO; -v=0 brings it back.
-    logging.get_absl_handler().addFilter(_drop_library_tracebacks)
+    logging.get_absl_handler().addFilter(library_logs.drop_library_tracebacks)
   from converter.errors import ConversionError  # pylint: disable=g-import-not-at-top
 
   try:
