@@ -99,6 +99,10 @@ flags.DEFINE_integer("chunk_fsdp_max", 64, "Default layout: the largest fsdp mes
                      " reads each stored chunk it needs once.", lower_bound=1)
 flags.DEFINE_boolean("chunk_layout", True, "Cut stored chunks for the restoring mesh (--target_mesh or the fsdp"
                      " default); false stores each write block as one chunk, as before (for comparisons).")
+flags.DEFINE_enum("chunk_element_order", "maxtext", ["maxtext", "huggingface"], "Order of the elements inside each"
+                  " stored chunk: MaxText's (the conversion transposes the kernels) or the HuggingFace tensors' (the"
+                  " store's copy transposes them, and every restore undoes it while decoding: a cheaper conversion,"
+                  " a slower restore). Readers read both.")
 flags.DEFINE_boolean("keep_fp8", False, "FP8 checkpoints: keep the FP8 kernels and write their block scales, as"
                      " MaxText's fp8 models hold them (e.g. qwen3.5-35b-a3b-fp8); half the bytes. Default: dequantize.")
 flags.DEFINE_enum("compression", "zstd", ["zstd", "none"], "Stored arrays' codec: zstd (Orbax's default, level 3)"
@@ -314,7 +318,8 @@ def _plan_options() -> PlanOptions:
                      lora_adapter_path=_model_path(FLAGS.lora_adapter_path, adapter=True) if FLAGS.lora_adapter_path
                      else None,
                      chunking=ChunkRule(fsdp_max=FLAGS.chunk_fsdp_max, cut=FLAGS.chunk_layout,
-                                        target_mesh=parse_mesh(FLAGS.target_mesh) if FLAGS.target_mesh else ()))
+                                        target_mesh=parse_mesh(FLAGS.target_mesh) if FLAGS.target_mesh else (),
+                                        huggingface_element_order=FLAGS.chunk_element_order == "huggingface"))
 
 
 def _save_options() -> SaveOptions:

@@ -111,6 +111,10 @@ class ChunkRule:
   # pieces and double what a 256-device mesh reads of them.
   min_chunk_bytes: int = 32 << 10
   max_chunk_bytes: int = 4 << 20
+  # True: each chunk keeps its elements in the order of the HuggingFace tensor they came from, so that the store's
+  # copy into the chunk does the kernels' transposes; every restore then undoes them while it decodes, at two to
+  # three times a plain chunk's CPU (docs/loading-on-a-pod.md). Default: MaxText's order, the conversion transposes.
+  huggingface_element_order: bool = False
 
   def chunk_shape(self, shape: Shape, logical_axes: Sequence[str | None], itemsize: int) -> Shape | None:
     """The chunk of a leaf of `shape` whose axes MaxText names `logical_axes`; it divides `shape` on every axis."""
@@ -163,10 +167,10 @@ class ChunkRule:
     """What the conversion record keeps of the rule (readers predict amplification from it and the grids)."""
     if not self.cut:
       return {"rule": "write_blocks"}
-    if self.target_mesh:
-      return {"rule": "target_mesh", "target_mesh": dict(self.target_mesh)}
-    return {"rule": "fsdp", "fsdp_max": self.fsdp_max, "min_chunk_bytes": self.min_chunk_bytes,
-            "max_chunk_bytes": self.max_chunk_bytes}
+    rule = ({"rule": "target_mesh", "target_mesh": dict(self.target_mesh)} if self.target_mesh else
+            {"rule": "fsdp", "fsdp_max": self.fsdp_max, "min_chunk_bytes": self.min_chunk_bytes,
+             "max_chunk_bytes": self.max_chunk_bytes})
+    return rule | ({"element_order": "huggingface"} if self.huggingface_element_order else {})
 
 
 def fsdp_mesh(devices: int) -> tuple[tuple[str, int], ...]:

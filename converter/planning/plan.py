@@ -380,13 +380,15 @@ def default_zstd_level(dequantizing: bool) -> int:
 
 
 def chunked(leaf: Leaf, rule: ChunkRule) -> Leaf:
-  """`leaf` with its stored chunks cut by `rule`; where chunks are cut and the loader can read in its sources'
-  layout, it does, and the chunks keep that layout: the kernels' transposes are then done by the store's own
-  copy into its chunks, in memory order, instead of by a transposing copy before it (docs/benchmarks.md)."""
+  """`leaf` with its stored chunks cut by `rule`. With `rule.huggingface_element_order`, where chunks are cut and
+  the loader can read in its sources' layout, it does, and the chunks keep that layout: the kernels' transposes
+  are then done by the store's own copy into its chunks instead of by the converter's transposing copy before it,
+  and undone by every restore (docs/loading-on-a-pod.md)."""
   axes = leaf.logical_axes or (None,) * len(leaf.shape)
   chunk_shape = rule.chunk_shape(leaf.shape, axes, leaf.dtype.itemsize)
   leaf = dataclasses.replace(leaf, chunk_shape=chunk_shape, chunk_order=rule.chunk_order(axes))
-  in_source_order = loaders.in_source_order(leaf.loader) if chunk_shape is not None else None
+  in_source_order = (loaders.in_source_order(leaf.loader)
+                     if chunk_shape is not None and rule.huggingface_element_order else None)
   if in_source_order is None:
     return leaf
   loader, order = in_source_order
