@@ -130,6 +130,32 @@ def compression_floors(input_dir: str, nbytes: int, scratch: str, share: int = 0
   return encode, decoded_seconds, encode_cpu, decode_cpu
 
 
+def decode_floor(input_dir: str, nbytes: int, level: int = default_zstd_level(dequantizing=False)) -> float:
+  """Seconds to decode `nbytes` of the input's bytes, held in memory as the conversions encode them (zstd at
+  `level`, the largest chunks a layout stores), into one array by tensorstore on every core: what a restore of that
+  many bytes cannot beat however its chunks lie. Memory on both sides, so that nothing of the read floor is counted
+  twice; the decoded bytes are checked against the input's (a floor that skipped work would be no floor)."""
+  import tensorstore as ts  # pylint: disable=g-import-not-at-top
+
+  piece, chunk = 64 << 20, chunking.ChunkRule.max_chunk_bytes
+  count = -(-nbytes // piece)
+  store = ts.open({"driver": "zarr3", "kvstore": {"driver": "memory"},
+                   "metadata": {"shape": [count * piece // 2], "data_type": "uint16",
+                                "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [chunk // 2]}},
+                                "codecs": [{"name": "bytes"}, {"name": "zstd", "configuration": {"level": level}}]}},
+                  create=True).result()
+  pieces = list(floor_pieces(files(input_dir, ".safetensors"), count, piece))
+  _in_flight((lambda i=i, values=values: store[i * (piece // 2):(i + 1) * (piece // 2)].write(values)
+              for i, values in enumerate(pieces)), 4)
+  start = time.monotonic()
+  decoded = store.read().result()
+  seconds = time.monotonic() - start
+  for i, values in enumerate(pieces):
+    if not np.array_equal(decoded[i * (piece // 2):(i + 1) * (piece // 2)], values):
+      raise AssertionError(f"decode floor: piece {i} decoded to other bytes than the input's")
+  return seconds
+
+
 def copy_floor(input_dir: str, nbytes: int) -> tuple[float, float]:
   """Seconds and CPU seconds to copy `nbytes` of the input's bytes, warm in the page cache, into a buffer once:
   what the bytes a conversion must transpose would cost it if a transpose were a plain copy. The codec floor plus

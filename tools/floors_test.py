@@ -57,6 +57,7 @@ class FloorsRunTest(absltest.TestCase):
     encode, decode, encode_cpu, decode_cpu = floors.compression_floors(directory, 2 << 20, scratch, 0, 1, True, 1)
     self.assertTrue(all(value > 0 for value in (encode, decode, encode_cpu, decode_cpu)))
     self.assertEqual(os.listdir(scratch), [])  # Its arrays and decoded file removed.
+    self.assertGreater(floors.decode_floor(directory, 2 << 20, level=1), 0)  # One piece: the file, padded.
     seconds, cpu = floors.copy_floor(directory, 2 << 20)
     self.assertGreater(seconds, 0)
     self.assertGreaterEqual(cpu, 0)
