@@ -200,10 +200,17 @@ def _converter_env() -> dict:
 _scratch: str | None = None  # Inside the work directory: whatever MaxText leaves there goes with it.
 
 
-def _maxtext_env() -> dict:
-  # A clean interpreter: nothing from the 3.11 environment on its path.
+# XLA's CPU backend compiles MaxText's tiny programs without LLVM's costly optimisations: on a cold JAX cache
+# (a new machine, a contributor's first run) compiling is most of each case's time, and these programs run once,
+# on a few tokens. The cases still compare MaxText's logits with transformers' at the same bounds (testing.md).
+MAXTEXT_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+
+
+def _maxtext_env(*xla_flags: str) -> dict:
+  """A clean interpreter (nothing from the 3.11 environment on its path) on the CPU, with `xla_flags` added to
+  MAXTEXT_XLA_FLAGS."""
   env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
-  env.update(JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2")
+  env.update(JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2", XLA_FLAGS=" ".join((MAXTEXT_XLA_FLAGS, *xla_flags)))
   if _scratch:
     env["TMPDIR"] = _scratch
   return env
@@ -451,9 +458,8 @@ def _maxtext_sft(case: Case, out_dir: str, overrides: dict, overrides_path: str,
     trainer = "train_sft_native"
     data = ["dataset_type=synthetic"]
     trained_step = trained = os.path.join(run_dir, "sft", "checkpoints", "1", "items")
-  env = _maxtext_env()
-  if not case.tunix_sft:  # Its TrainState sharded over 4 devices (fsdp), as a trainer on a slice writes one.
-    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+  # Native SFT's TrainState is sharded over 4 devices (fsdp), as a trainer on a slice writes one.
+  env = _maxtext_env(*([] if case.tunix_sft else ["--xla_force_host_platform_device_count=4"]))
   rc = _run([FLAGS.maxtext_python, "-m", f"maxtext.trainers.post_train.sft.{trainer}",
              os.path.join(package, "configs", "base.yml"), f"model_name={case.maxtext_model}",
              "override_model_config=True", *settings, "run_name=sft", f"base_output_directory={run_dir}",
