@@ -10,7 +10,8 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Lowest first. A package stands for every module in it; a name with a dot is one module at converter/'s top.
 LAYERS = (
-    ("handlers", "converter.arrays", "converter.errors", "converter.malloc", "converter.write_behind"),
+    ("handlers", "converter.arrays", "converter.errors", "converter.library_logs", "converter.malloc",
+     "converter.write_behind"),
     ("converter/storage", "converter.ops", "converter.model_config", "converter.processes", "converter.progress"),
     ("converter/checkpoint_format",),
     ("converter/sources", "converter.hub"),
