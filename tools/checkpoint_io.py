@@ -115,6 +115,14 @@ def restore_v1_sharded(items_path: str, abstract: Any) -> dict[str, Any]:
   return ocp.v1.load(step_path, abstract, checkpointable_name=storage.basename(items_path))
 
 
+def saved_items(step: str) -> str:
+  """The one checkpointable directory stock Orbax saved under the step directory `step` (v1 names it itself)."""
+  names = [n for n in os.listdir(step) if os.path.exists(os.path.join(step, n, "_METADATA"))]
+  if len(names) != 1:
+    raise RuntimeError(f"{step}: expected one saved checkpointable, found {names}")
+  return os.path.join(step, names[0])
+
+
 def custom_metadata(items_path: str) -> dict[str, Any]:
   _, step_path = _items_and_step(items_path)
   with open(os.path.join(step_path, "_CHECKPOINT_METADATA")) as f:

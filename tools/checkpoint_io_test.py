@@ -134,5 +134,19 @@ class CheckpointIoTest(parameterized.TestCase):
                       " ['params']['params']['decoder']['decoder_norm']['scale']"])
 
 
+class SavedItemsTest(absltest.TestCase):
+
+  def test_the_one_saved_checkpointable_is_found_and_two_are_refused(self):
+    step = self.create_tempdir().full_path
+    os.makedirs(os.path.join(step, "pytree"))
+    open(os.path.join(step, "pytree", "_METADATA"), "w").close()
+    os.makedirs(os.path.join(step, "not_saved"))
+    self.assertEqual(checkpoint_io.saved_items(step), os.path.join(step, "pytree"))
+    os.makedirs(os.path.join(step, "second"))
+    open(os.path.join(step, "second", "_METADATA"), "w").close()
+    with self.assertRaisesRegex(RuntimeError, "expected one saved checkpointable"):
+      checkpoint_io.saved_items(step)
+
+
 if __name__ == "__main__":
   absltest.main()

@@ -84,14 +84,6 @@ def _convert(hf_dir: str, out: str, *layout_flags: str) -> str:
   return os.path.join(out, "0", "items")
 
 
-def _saved_items(step: str) -> str:
-  """The one checkpointable directory Orbax saved under `step`."""
-  names = [n for n in os.listdir(step) if os.path.exists(os.path.join(step, n, "_METADATA"))]
-  if len(names) != 1:
-    raise RuntimeError(f"{step}: expected one saved checkpointable, found {names}")
-  return os.path.join(step, names[0])
-
-
 def _stored_bytes(items: str) -> int:
   return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(items) for f in fs)
 
@@ -201,6 +193,7 @@ def _add_to_page(page: str, table: str) -> None:
 
 
 def benchmark(work: str) -> str:
+  from tools import checkpoint_io  # pylint: disable=g-import-not-at-top
   from tools import synthetic_checkpoint as synthetic  # pylint: disable=g-import-not-at-top
 
   hf_dir = os.path.join(work, "hf")
@@ -212,7 +205,7 @@ def benchmark(work: str) -> str:
            "nochunk": _convert(hf_dir, os.path.join(work, "nochunk"), "--nochunk_layout")}
   presharded = os.path.join(work, "presharded", "0")
   saved = _run_child("restore", items["default"], items["default"], save_to=presharded)
-  items["presharded"] = _saved_items(presharded)
+  items["presharded"] = checkpoint_io.saved_items(presharded)
   rows: dict[str, list[float]] = {layout: [] for layout in LAYOUTS}
   for round_index in range(FLAGS.rounds):
     order = LAYOUTS if round_index % 2 == 0 else LAYOUTS[::-1]

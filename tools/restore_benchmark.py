@@ -205,19 +205,12 @@ def _sharded_restore(items: str, logical_axes_from: str, env: dict, proxies: lis
   return max(r["seconds"] for r in results)
 
 
-def _saved_items(step: str) -> str:
-  """The one checkpointable directory Orbax saved under `step`."""
-  names = [n for n in os.listdir(step) if os.path.exists(os.path.join(step, n, "_METADATA"))]
-  if len(names) != 1:
-    raise RuntimeError(f"{step}: expected one saved checkpointable, found {names}")
-  return os.path.join(step, names[0])
-
-
 def _bucket_rows(shape: str, layouts: list[tuple[str, str]], ours: str) -> list[str]:
   """Each layout restored from the GCS emulator by --processes processes, each through its own counting proxy
   that holds every request --bucket_latency_ms: the busiest process's requests, all bytes the processes fetched
   over the bytes stored, and the slowest process's seconds, beside the same checkpoint pre-sharded for the mesh
   (stock Orbax saving what it restored of `ours` from that mesh)."""
+  from tools import checkpoint_io  # pylint: disable=g-import-not-at-top
   from tools.gcs_emulator import GcsEmulator  # pylint: disable=g-import-not-at-top
   from tools.request_proxy import RequestProxy  # pylint: disable=g-import-not-at-top
 
@@ -225,7 +218,7 @@ def _bucket_rows(shape: str, layouts: list[tuple[str, str]], ours: str) -> list[
   pre_sharded = os.path.join(os.path.dirname(work), "pre_sharded", "0")
   if not os.path.exists(pre_sharded):
     _sharded_restore(ours, ours, dict(os.environ), save_to=pre_sharded)
-  layouts = [("pre-sharded (Orbax from the mesh)", _saved_items(pre_sharded)), *layouts]
+  layouts = [("pre-sharded (Orbax from the mesh)", checkpoint_io.saved_items(pre_sharded)), *layouts]
   rows, reference = [], None
   with GcsEmulator(root=os.path.join(os.path.dirname(work), "gcs")) as gcs:
     gcs.create_bucket("restore-bench")
