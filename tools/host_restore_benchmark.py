@@ -47,6 +47,7 @@ flags.DEFINE_enum("child", None, ["restore", "floor"], "Internal: what a child p
 flags.DEFINE_string("checkpoint", None, "Internal: the child's OUT/0/items.")
 flags.DEFINE_string("axes_from", None, "Internal: the checkpoint of ours whose record names the logical axes.")
 flags.DEFINE_string("save_to", None, "Internal: the step directory a restore child saves what it restored to.")
+flags.DEFINE_string("hf_dir", None, "Internal: the safetensors the floor child decodes.")
 
 LAYOUTS = ("default", "huggingface_order", "nochunk", "presharded")
 
@@ -138,8 +139,7 @@ def _child_floor() -> dict:
   _, abstract = _mesh_and_abstract()
   leaves = [leaf for leaf in jax.tree_util.tree_leaves(abstract) if isinstance(leaf, jax.ShapeDtypeStruct)]
   logical = sum(leaf.size * leaf.dtype.itemsize for leaf in leaves)
-  hf_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(FLAGS.axes_from))), "hf")
-  decode_seconds = floors.decode_floor(hf_dir, logical)
+  decode_seconds = floors.decode_floor(FLAGS.hf_dir, logical)
 
   host = [np.ones(leaf.shape, leaf.dtype) for leaf in leaves]
   copies = []
@@ -212,7 +212,7 @@ def benchmark(work: str) -> str:
     for layout in order:
       rows[layout].append(_run_child("restore", items[layout], items["default"])["seconds"])
     print(f"round {round_index + 1}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in rows.items()), flush=True)
-  floor = _run_child("floor", items["default"], items["default"])
+  floor = _run_child("floor", items["default"], items["default"], hf_dir=hf_dir)
   return _table(rows, floor, {layout: _stored_bytes(path) for layout, path in items.items()}, saved["platform"],
                 saved["devices"])
 
