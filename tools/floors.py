@@ -132,9 +132,12 @@ def compression_floors(input_dir: str, nbytes: int, scratch: str, share: int = 0
 
 def decode_floor(input_dir: str, nbytes: int, level: int = default_zstd_level(dequantizing=False)) -> float:
   """Seconds to decode `nbytes` of the input's bytes, held in memory as the conversions encode them (zstd at
-  `level`, the largest chunks a layout stores), into one array by tensorstore on every core: what a restore of that
-  many bytes cannot beat however its chunks lie. Memory on both sides, so that nothing of the read floor is counted
-  twice; the decoded bytes are checked against the input's (a floor that skipped work would be no floor)."""
+  `level`, the largest chunks a layout stores), by tensorstore on every core: what a restore of that many bytes
+  cannot beat however its chunks lie. Memory on both sides, so that nothing of the read floor is counted twice:
+  64 MiB pieces, one in flight per core, each decoded into a buffer of its slot that an untimed first pass has
+  already faulted in, since a restore's own output arrays are the copy floor's (the decoded bytes are checked
+  against the input's in that pass: a floor that skipped work would be no floor). One read of the whole array
+  instead left most cores idle behind its single output (a restore beat that "floor")."""
   import tensorstore as ts  # pylint: disable=g-import-not-at-top
 
   piece, chunk = 64 << 20, chunking.ChunkRule.max_chunk_bytes
@@ -144,16 +147,17 @@ def decode_floor(input_dir: str, nbytes: int, level: int = default_zstd_level(de
                                 "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [chunk // 2]}},
                                 "codecs": [{"name": "bytes"}, {"name": "zstd", "configuration": {"level": level}}]}},
                   create=True).result()
+  window = lambda i: store[i * (piece // 2):(i + 1) * (piece // 2)]
   pieces = list(floor_pieces(files(input_dir, ".safetensors"), count, piece))
-  _in_flight((lambda i=i, values=values: store[i * (piece // 2):(i + 1) * (piece // 2)].write(values)
-              for i, values in enumerate(pieces)), 4)
-  start = time.monotonic()
-  decoded = store.read().result()
-  seconds = time.monotonic() - start
+  _in_flight((lambda i=i, values=values: window(i).write(values) for i, values in enumerate(pieces)), 4)
+  depth = min(count, os.cpu_count() or 1)
+  slots = [np.empty(piece // 2, np.uint16) for _ in range(depth)]
+  decode = lambda i: ts.array(slots[i % depth]).write(window(i))
   for i, values in enumerate(pieces):
-    if not np.array_equal(decoded[i * (piece // 2):(i + 1) * (piece // 2)], values):
+    decode(i).result()
+    if not np.array_equal(slots[i % depth], values):
       raise AssertionError(f"decode floor: piece {i} decoded to other bytes than the input's")
-  return seconds
+  return _in_flight((lambda i=i: decode(i) for i in range(count)), depth)
 
 
 def copy_floor(input_dir: str, nbytes: int) -> tuple[float, float]:

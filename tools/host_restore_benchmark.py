@@ -6,16 +6,18 @@ saves from that mesh and against the floor of the same bytes, all measured in on
   # On an accelerator host: --cpu_devices=0 restores onto every local device of JAX's default backend.
 
 A Llama-3.1-8B-shaped bf16 checkpoint of random values (tools/synthetic_checkpoint.py) is converted with the
-default layout, with --chunk_element_order=huggingface (each chunk's elements in the HuggingFace tensor's order,
-the default until 2026-12-07) and with --nochunk_layout (the write blocks as the only chunks); the default one, restored onto the
-host's mesh, is saved again by stock Orbax v1 from there (the pre-sharded checkpoint: one chunk per device shard,
+default layout, with --nochunk_layout (the write blocks as the only chunks) and with --target_mesh=fsdp=N for
+this host's N devices (chunks cut at exactly its devices' shards); the default one, restored onto the host's
+mesh, is saved again by stock Orbax v1 from there (the pre-sharded checkpoint: one chunk per device shard,
 MaxText's `reshard_checkpoint`). Each round then restores each checkpoint in a fresh process, in alternating order,
-as MaxText does on one host (Orbax v0 `ArrayRestoreArgs` with a `NamedSharding` per leaf, every device on `fsdp`,
+its files first read into the page cache (the HuggingFace files deleted once the floor is measured),
+as MaxText 0.2.5 does (`load_params_from_path`: Orbax v1 `load` with a `NamedSharding` per leaf, every device on `fsdp`,
 each leaf cut by its recorded logical axes: tools/checkpoint_io.py) and times the restore call until every array is
 ready. The floor, in a fresh process of the same kind: the stored files read by as many threads as the host has
 cores, their bytes decoded by zstd on every core from memory into memory (tensorstore, the largest chunks a layout
-stores: floors.decode_floor) and the same leaves copied from host memory onto the devices with their shardings. No
-restore can beat the largest of the three (all overlapped) and none needs more than their sum (none overlapped).
+stores, a piece in flight per core: floors.decode_floor) and the same leaves copied from host memory onto the
+devices with their shardings. No restore can beat the largest of the three (all overlapped) and none needs more
+than their sum (none overlapped).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import concurrent.futures
 import datetime
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -49,7 +52,7 @@ flags.DEFINE_string("axes_from", None, "Internal: the checkpoint of ours whose r
 flags.DEFINE_string("save_to", None, "Internal: the step directory a restore child saves what it restored to.")
 flags.DEFINE_string("hf_dir", None, "Internal: the safetensors the floor child decodes.")
 
-LAYOUTS = ("default", "huggingface_order", "nochunk", "presharded")
+LAYOUTS = ("default", "target_mesh", "nochunk", "presharded")
 
 
 def _with_root_on_path() -> dict[str, str]:
@@ -105,7 +108,7 @@ def _child_restore() -> dict:
 
   mesh, abstract = _mesh_and_abstract()
   start = time.monotonic()
-  tree = checkpoint_io.restore_v0_sharded(FLAGS.checkpoint, abstract)
+  tree = checkpoint_io.restore_v1_sharded(FLAGS.checkpoint, abstract)
   jax.block_until_ready(jax.tree_util.tree_leaves(tree))
   seconds = time.monotonic() - start
   if FLAGS.save_to:
@@ -154,7 +157,7 @@ def _child_floor() -> dict:
 def _table(rows: dict[str, list[float]], floor: dict, stored: dict[str, int], platform: str, devices: int) -> str:
   presharded = statistics.median(rows["presharded"])
   lowest, serial = max(floor["read"], floor["decode"], floor["copy"]), floor["read"] + floor["decode"] + floor["copy"]
-  names = {"default": "default", "huggingface_order": "--chunk_element_order=huggingface",
+  names = {"default": "default", "target_mesh": f"--target_mesh=fsdp={devices} (this host's shards)",
            "nochunk": "--nochunk_layout (write blocks as chunks)",
            "presharded": "pre-sharded (stock Orbax saved from this mesh)"}
   lines = [
@@ -162,8 +165,8 @@ def _table(rows: dict[str, list[float]], floor: dict, stored: dict[str, int], pl
       "",
       f"Written by `tools/host_restore_benchmark.py --size_gb={FLAGS.size_gb:g} --cpu_devices={FLAGS.cpu_devices}"
       f" --rounds={FLAGS.rounds}` on a host of {os.cpu_count()} cores: each checkpoint restored in a fresh process"
-      " per round, in alternating order, as MaxText restores on one host (Orbax v0 `ArrayRestoreArgs` with a"
-      " `NamedSharding` per leaf, every device on `fsdp`); the restore call until every array is ready. Floor,"
+      " per round, in alternating order, its files in the page cache, as MaxText 0.2.5 restores (Orbax v1 `load`"
+      " with a `NamedSharding` per leaf, every device on `fsdp`); the restore call until every array is ready. Floor,"
       f" measured in the same run: the stored files read by {os.cpu_count()} threads {floor['read']:.2f} s,"
       f" {floor['logical'] / 1e9:.2f} GB decoded by zstd on every core {floor['decode']:.2f} s, the same leaves"
       f" copied from host memory onto the devices {floor['copy']:.2f} s; all overlapped {lowest:.2f} s, none"
@@ -194,25 +197,27 @@ def _add_to_page(page: str, table: str) -> None:
 
 def benchmark(work: str) -> str:
   from tools import checkpoint_io  # pylint: disable=g-import-not-at-top
+  from tools import floors  # pylint: disable=g-import-not-at-top
   from tools import synthetic_checkpoint as synthetic  # pylint: disable=g-import-not-at-top
 
   hf_dir = os.path.join(work, "hf")
   config = synthetic.llama_for_bytes(int(FLAGS.size_gb * 1e9))
   synthetic.write_checkpoint(hf_dir, config, list(synthetic.llama_shapes(config)))
   items = {"default": _convert(hf_dir, os.path.join(work, "default")),
-           "huggingface_order": _convert(hf_dir, os.path.join(work, "huggingface_order"),
-                                         "--chunk_element_order=huggingface"),
            "nochunk": _convert(hf_dir, os.path.join(work, "nochunk"), "--nochunk_layout")}
   presharded = os.path.join(work, "presharded", "0")
   saved = _run_child("restore", items["default"], items["default"], save_to=presharded)
   items["presharded"] = checkpoint_io.saved_items(presharded)
+  items["target_mesh"] = _convert(hf_dir, os.path.join(work, "target_mesh"), f"--target_mesh=fsdp={saved['devices']}")
+  floor = _run_child("floor", items["default"], items["default"], hf_dir=hf_dir)
+  shutil.rmtree(hf_dir)  # Its page cache would crowd out the checkpoints' (and their restores' memory) below.
   rows: dict[str, list[float]] = {layout: [] for layout in LAYOUTS}
   for round_index in range(FLAGS.rounds):
     order = LAYOUTS if round_index % 2 == 0 else LAYOUTS[::-1]
     for layout in order:
+      floors.warm(items[layout])  # Each restore reads from the page cache, as the read floor does.
       rows[layout].append(_run_child("restore", items[layout], items["default"])["seconds"])
     print(f"round {round_index + 1}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in rows.items()), flush=True)
-  floor = _run_child("floor", items["default"], items["default"], hf_dir=hf_dir)
   return _table(rows, floor, {layout: _stored_bytes(path) for layout, path in items.items()}, saved["platform"],
                 saved["devices"])
 

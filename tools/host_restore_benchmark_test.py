@@ -18,14 +18,15 @@ class TableTest(absltest.TestCase):
     FLAGS(["host_restore_benchmark_test"])
 
   def test_ratios_are_of_the_medians_to_the_pre_sharded_and_to_both_floors(self):
-    rows = {"default": [6.0, 9.0, 5.0], "huggingface_order": [8.0, 8.0, 8.0], "nochunk": [4.0, 4.0, 4.0],
+    rows = {"default": [6.0, 9.0, 5.0], "target_mesh": [8.0, 8.0, 8.0], "nochunk": [4.0, 4.0, 4.0],
             "presharded": [5.0, 5.0, 20.0]}
     floor = {"read": 1.0, "decode": 2.0, "copy": 1.0, "stored": 3e9, "logical": 4e9}
-    table = benchmark._table(rows, floor, {"default": 3e9, "huggingface_order": 3e9, "nochunk": 3e9, "presharded": 3.1e9}, "tpu", 8)
+    table = benchmark._table(rows, floor, {"default": 3e9, "target_mesh": 3e9, "nochunk": 3e9, "presharded": 3.1e9}, "tpu", 8)
     self.assertIn("| default | 3.00 | 6.00 | 6.00, 9.00, 5.00 | 1.20x | 3.00x | 1.50x |", table)
     self.assertIn("| 3.10 | 5.00 | 5.00, 5.00, 20.00 | 1.00x | 2.50x | 1.25x |", table)
     self.assertIn("all overlapped 2.00 s, none 4.00 s", table)
     self.assertIn("tpu, 8 devices", table)
+    self.assertIn("| --target_mesh=fsdp=8 (this host's shards) | 3.00 | 8.00 |", table)
     self.assertIn("tpu, 1 device,", benchmark._table(rows, floor, {k: 1e9 for k in rows}, "tpu", 1))
 
   def test_a_new_section_goes_above_the_older_ones(self):
