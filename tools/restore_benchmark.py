@@ -16,7 +16,14 @@ process reads of metadata). Beside it: the prediction from metadata alone at the
 Two more rows say what laying MaxText's output out again buys (docs/relayout.md): MaxText's `to_maxtext` output
 restored as it is on --target_mesh, and the same checkpoint laid out again by ours for that mesh (MaxText ->
 MaxText, `--checkpoint_path --target_mesh`, its config from the safetensors' config.json) restored there.
-`--layouts` picks rows.
+And one row with no conversion at all: MaxText 0.2.5 loading the HuggingFace files themselves
+(`source_checkpoint_layout=safetensors_dynamic`, transformed on the devices), as a job can at every start; its
+HuggingFace config comes from the files' config.json (restore_reads.py). `--layouts` picks rows.
+
+Then, for the layouts restored on fsdp over every device (a `--target_mesh` naming that mesh included), stock
+Orbax v1 restores each as MaxText's loader calls it (tools/sharded_restore.py) beside the same checkpoint
+pre-sharded for that mesh: from the local disk (--local_rounds alternating rounds, files warm in the page cache)
+and from the GCS emulator with --bucket_latency_ms added to every request, counting each process's requests.
 
 MaxText's row: integration_tests/maxtext_interop/maxtext_convert.py runs `to_maxtext` under --maxtext_python with
 its defaults (`--lazy_load_tensors=True --simulated_cpu_devices_count=16`, bf16, scan_layers) and, as MaxText
@@ -56,11 +63,14 @@ flags.DEFINE_integer("runs", 3, "Conversions per layout for the wall time and pe
 flags.DEFINE_list("shapes", ["dense", "moe"], "Which synthetic checkpoints.")
 flags.DEFINE_string("work_dir", None, "Where checkpoints go (default: a temporary directory, removed).")
 flags.DEFINE_string("results_page", None, "Write the table to this Markdown page as well.")
-flags.DEFINE_list("layouts", ["default", "target_mesh", "write", "to_maxtext", "to_maxtext_target_mesh", "relayout"],
+flags.DEFINE_list("layouts", ["default", "target_mesh", "write", "to_maxtext", "to_maxtext_target_mesh", "relayout",
+                              "safetensors_dynamic"],
                   "Which rows (the first, `default`, is always converted: the others are checked against it):"
                   " default, target_mesh, write, to_maxtext, to_maxtext_target_mesh (MaxText's output restored on"
                   " --target_mesh), relayout (MaxText's output laid out again by ours, --checkpoint_path"
-                  " --target_mesh; needs to_maxtext).")
+                  " --target_mesh; needs to_maxtext), safetensors_dynamic (no conversion: MaxText 0.2.5 loading the"
+                  " HuggingFace files and transforming them on the devices, as it can at every start).")
+flags.DEFINE_integer("local_rounds", 3, "Rounds of the local-disk rows beside the pre-sharded checkpoint (0: none).")
 flags.DEFINE_float("bucket_latency_ms", 30.0, "The bucket rows' latency added to every request (negative: no"
                    " bucket rows).")
 
@@ -149,18 +159,22 @@ def _stored_bytes(items: str) -> int:
   return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(step) for f in fs)
 
 
-def _restore(items: str, model: str, mesh: str, ours: str) -> tuple[int, float]:
+def _restore(items: str, model: str, mesh: str, ours: str, source_layout: str = "orbax",
+             loader: str = "from_pretrained") -> tuple[int, float]:
   """(bytes all processes read, slowest process's seconds) of MaxText restoring `items` on `mesh`, with the
-  overrides recorded in `items` (our layouts) or else in `ours` (MaxText's own output records none)."""
+  overrides recorded in `items` (our layouts) or else in `ours` (MaxText's own output records none, nor do the
+  HuggingFace files MaxText loads itself with `source_layout="safetensors_dynamic"`)."""
   from converter.checkpoint_format.record import ConversionRecord  # pylint: disable=g-import-not-at-top
 
   overrides = os.path.join(os.path.dirname(items), "overrides.json")
+  recorded = ConversionRecord.read(items).maxtext_overrides if source_layout == "orbax" else None
   with open(overrides, "w", encoding="utf-8") as f:
-    json.dump(ConversionRecord.read(items).maxtext_overrides or ConversionRecord.read(ours).maxtext_overrides, f)
+    json.dump(recorded or ConversionRecord.read(ours).maxtext_overrides, f)
   results = _process_group(
       f"MaxText restore of {items} on {mesh}",
       lambda i: [FLAGS.maxtext_python, RESTORE, f"--checkpoint={items}", f"--model_name={model}",
-                 f"--overrides=@{overrides}", f"--mesh={mesh}"],
+                 f"--overrides=@{overrides}", f"--mesh={mesh}", f"--source_layout={source_layout}",
+                 f"--loader={loader}"],
       lambda i: _maxtext_env())
   return sum(r["rchar"] for r in results), max(r["seconds"] for r in results)
 
@@ -205,20 +219,83 @@ def _sharded_restore(items: str, logical_axes_from: str, env: dict, proxies: lis
   return max(r["seconds"] for r in results)
 
 
+PRE_SHARDED = "pre-sharded (Orbax from the mesh)"
+
+
+def _with_pre_sharded(layouts: list[tuple[str, str]], ours: str) -> list[tuple[str, str]]:
+  """`layouts` (name, items) after the same checkpoint pre-sharded for the restoring mesh: stock Orbax saving what
+  it restored of `ours` from that mesh (MaxText's `reshard_checkpoint`), saved once per shape."""
+  from tools import checkpoint_io  # pylint: disable=g-import-not-at-top
+
+  pre_sharded = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(ours))), "pre_sharded", "0")
+  if not os.path.exists(pre_sharded):
+    _sharded_restore(ours, ours, dict(os.environ), save_to=pre_sharded)
+  return [(PRE_SHARDED, checkpoint_io.saved_items(pre_sharded)), *layouts]
+
+
+def _local_rows(shape: str, layouts: list[tuple[str, str]], ours: str) -> list[str]:
+  """Each layout restored from the local disk as the bucket rows restore it (stock Orbax v1 in --processes
+  processes), --local_rounds rounds in alternating order, its files read into the page cache first: the median
+  of the slowest process's seconds, beside the pre-sharded checkpoint's."""
+  from tools import floors  # pylint: disable=g-import-not-at-top
+
+  def restore(items: str) -> float:
+    floors.warm(items)
+    return _sharded_restore(items, ours, dict(os.environ))
+
+  layouts = _with_pre_sharded(layouts, ours)
+  return _median_rows(shape, _alternating([(name, functools.partial(restore, items)) for name, items in layouts],
+                                          FLAGS.local_rounds))
+
+
+def _training_start_rows(shape: str, hf_dir: str, model: str, mesh: str, ours: str) -> list[str]:
+  """Our default layout and the HuggingFace files it came from, each loaded as a MaxText 0.2.5 training job
+  starts (`load_parameters_path`; the files with `source_checkpoint_layout=safetensors_dynamic`) on `mesh`,
+  --local_rounds rounds in alternating order, files warm in the page cache: the median of the slowest process's
+  seconds, and the ratio to ours."""
+  from tools import floors  # pylint: disable=g-import-not-at-top
+
+  def start(path: str, layout: str) -> float:
+    floors.warm(path if layout == "safetensors_dynamic" else os.path.dirname(path))
+    return _restore(path, model, mesh, ours, source_layout=layout, loader="training")[1]
+
+  return _median_rows(shape, _alternating([
+      ("default (ours)", functools.partial(start, ours, "orbax")),
+      ("MaxText `safetensors_dynamic` (the HuggingFace files, no conversion)",
+       functools.partial(start, hf_dir, "safetensors_dynamic"))], max(1, FLAGS.local_rounds)))
+
+
+def _alternating(runs: list[tuple[str, Callable[[], float]]], rounds: int) -> dict[str, list[float]]:
+  """Each named run's seconds, `rounds` times, in alternating order (the machine's drift shared out)."""
+  seconds: dict[str, list[float]] = {name: [] for name, _ in runs}
+  for round_index in range(rounds):
+    for name, run in runs if round_index % 2 == 0 else runs[::-1]:
+      seconds[name].append(run())
+  return seconds
+
+
+def _median_rows(shape: str, seconds: dict[str, list[float]]) -> list[str]:
+  """A row per name: the median, every run, and the ratio to the first name's median."""
+  reference = statistics.median(next(iter(seconds.values())))
+  rows = []
+  for name, runs in seconds.items():
+    median = statistics.median(runs)
+    rows.append(f"| {shape} | {name} | {median:.2f} | {', '.join(f'{s:.2f}' for s in runs)} |"
+                f" {median / reference:.2f}x |")
+    print(rows[-1], flush=True)
+  return rows
+
+
 def _bucket_rows(shape: str, layouts: list[tuple[str, str]], ours: str) -> list[str]:
   """Each layout restored from the GCS emulator by --processes processes, each through its own counting proxy
   that holds every request --bucket_latency_ms: the busiest process's requests, all bytes the processes fetched
   over the bytes stored, and the slowest process's seconds, beside the same checkpoint pre-sharded for the mesh
-  (stock Orbax saving what it restored of `ours` from that mesh)."""
-  from tools import checkpoint_io  # pylint: disable=g-import-not-at-top
+  (`_with_pre_sharded`)."""
   from tools.gcs_emulator import GcsEmulator  # pylint: disable=g-import-not-at-top
   from tools.request_proxy import RequestProxy  # pylint: disable=g-import-not-at-top
 
   work = os.path.dirname(os.path.dirname(ours))
-  pre_sharded = os.path.join(os.path.dirname(work), "pre_sharded", "0")
-  if not os.path.exists(pre_sharded):
-    _sharded_restore(ours, ours, dict(os.environ), save_to=pre_sharded)
-  layouts = [("pre-sharded (Orbax from the mesh)", checkpoint_io.saved_items(pre_sharded)), *layouts]
+  layouts = _with_pre_sharded(layouts, ours)
   rows, reference = [], None
   with GcsEmulator(root=os.path.join(os.path.dirname(work), "gcs")) as gcs:
     gcs.create_bucket("restore-bench")
@@ -267,11 +344,10 @@ def _predicted(items: str, meshes: list[str]) -> list[str]:
   return [f"{chunking.predicted_amplification(leaves, chunking.parse_mesh(m))[0]:.2f}" for m in meshes]
 
 
-def main(argv: list[str]) -> None:
-  del argv
+def benchmark(work: str) -> None:
+  from converter.layout import chunking  # pylint: disable=g-import-not-at-top
   from tools import synthetic_checkpoint  # pylint: disable=g-import-not-at-top
 
-  work = FLAGS.work_dir or tempfile.mkdtemp(prefix="restore_bench_")
   devices = FLAGS.processes * FLAGS.devices_per_process
   fsdp = f"fsdp={devices}"
   # (row name, output directory, restore mesh, convert(hf_dir, out, model, ours)); the first is `ours`, the
@@ -289,7 +365,7 @@ def main(argv: list[str]) -> None:
   ]
   keys = ("default", "target_mesh", "write", "to_maxtext", "to_maxtext_target_mesh", "relayout")
   layouts = [layout for key, layout in zip(keys, layouts) if key == "default" or key in FLAGS.layouts]
-  rows, bucket_rows = [], []
+  rows, local_rows, bucket_rows, start_rows = [], [], [], []
   header = (f"| shape | layout | restore mesh ({FLAGS.processes} x {FLAGS.devices_per_process}) | read / stored"
             f" (measured) | predicted | restore s | predicted at fsdp=64 / 256 | stored MB | convert s (median) |"
             f" peak RSS MiB |")
@@ -313,10 +389,15 @@ def main(argv: list[str]) -> None:
              f" | {stored / 1e6:.1f} | {convert_s} | {peak_mib} |")
       rows.append(row)
       print(row, flush=True)
+    if "safetensors_dynamic" in FLAGS.layouts:
+      start_rows += _training_start_rows(shape, hf_dir, model, fsdp, ours)
+    # Stock Orbax restores on fsdp over every device: a --target_mesh layout joins only when that is its mesh.
+    sharded = [(name, os.path.join(work, shape, directory, "0", "items")) for name, directory, mesh, convert in layouts
+               if convert and directory != "relayout" and chunking.parse_mesh(mesh) == chunking.parse_mesh(fsdp)]
+    if FLAGS.local_rounds:
+      local_rows += _local_rows(shape, sharded, ours)
     if FLAGS.bucket_latency_ms >= 0:
-      bucket_rows += _bucket_rows(shape, [(name, os.path.join(work, shape, directory, "0", "items"))
-                                          for name, directory, _, convert in layouts
-                                          if directory not in ("target_mesh", "relayout") and convert], ours)
+      bucket_rows += _bucket_rows(shape, sharded, ours)
   if FLAGS.results_page:
     with open(FLAGS.results_page, "w", encoding="utf-8") as f:
       f.write("# Restore read amplification (tools/restore_benchmark.py)\n\n"
@@ -333,6 +414,23 @@ def main(argv: list[str]) -> None:
               "maxtext_convert.py (local config and a bf16 numpy reader shimmed in, as it runs without torch); its"
               " stored tree is checked equal to our default layout's.\n\n")
       f.write(header + "\n|" + "---|" * 10 + "\n" + "\n".join(rows) + "\n")
+      for title, text, rows_of_section in (
+          ("A training job's start: converted, or the HuggingFace files at every start",
+           "Our default layout and the safetensors it came from, each loaded as a MaxText 0.2.5 training job"
+           " starts (`checkpointing.load_state_if_possible` from `load_parameters_path`, the train state built"
+           " first; the safetensors with `source_checkpoint_layout=safetensors_dynamic`, loaded and transformed"
+           f" on the devices, its HuggingFace config taken from their config.json) on fsdp={devices},"
+           f" {max(1, FLAGS.local_rounds)} rounds in alternating order, files warm in the page cache. Ratios are"
+           " to ours.", start_rows),
+          ("From the local disk, beside the pre-sharded checkpoint",
+           f"The layouts restored on fsdp={devices} as the bucket rows below restore them (stock Orbax v1 `load`,"
+           " tools/sharded_restore.py), from this machine's disk with the files first read into the page"
+           f" cache, {FLAGS.local_rounds} rounds in alternating order; \"pre-sharded\" as below, the ratios to it.",
+           local_rows)):
+        if rows_of_section:
+          f.write(f"\n## {title}\n\n{text} Seconds: the slowest process's.\n\n"
+                  "| shape | what | seconds (median) | runs | ratio |\n|---|---|---|---|---|\n"
+                  + "\n".join(rows_of_section) + "\n")
       if bucket_rows:
         f.write(f"\n## From a bucket, {FLAGS.bucket_latency_ms:.0f} ms per request\n\n"
                 "The same checkpoints in the GCS emulator (fake-gcs-server on 127.0.0.1), restored on"
@@ -350,6 +448,15 @@ def main(argv: list[str]) -> None:
                 "| shape | layout | GET requests of the busiest process | predicted (fsdp 16 / 64 / 256) |"
                 " fetched / stored | restore s |\n"
                 "|---|---|---|---|---|---|\n" + "\n".join(bucket_rows) + "\n")
+
+
+def main(argv: list[str]) -> None:
+  del argv
+  if FLAGS.work_dir:
+    benchmark(FLAGS.work_dir)
+  else:
+    with tempfile.TemporaryDirectory(prefix="restore_bench_") as work:
+      benchmark(work)
 
 
 if __name__ == "__main__":
