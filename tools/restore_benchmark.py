@@ -16,9 +16,10 @@ process reads of metadata). Beside it: the prediction from metadata alone at the
 Two more rows say what laying MaxText's output out again buys (docs/relayout.md): MaxText's `to_maxtext` output
 restored as it is on --target_mesh, and the same checkpoint laid out again by ours for that mesh (MaxText ->
 MaxText, `--checkpoint_path --target_mesh`, its config from the safetensors' config.json) restored there.
-And one row with no conversion at all: MaxText 0.2.5 loading the HuggingFace files themselves
-(`source_checkpoint_layout=safetensors_dynamic`, transformed on the devices), as a job can at every start; its
-HuggingFace config comes from the files' config.json (restore_reads.py). `--layouts` picks rows.
+`--layouts` picks rows. With `safetensors_dynamic` among them, a section on a training job's start follows: our
+default layout and, with no conversion at all, the HuggingFace files themselves, each loaded as MaxText 0.2.5's
+training start loads `load_parameters_path` (the files through `source_checkpoint_layout=safetensors_dynamic`,
+transformed on the devices, their HuggingFace config from their config.json: restore_reads.py --loader=training).
 
 Then, for the layouts restored on fsdp over every device (a `--target_mesh` naming that mesh included), stock
 Orbax v1 restores each as MaxText's loader calls it (tools/sharded_restore.py) beside the same checkpoint

@@ -7,12 +7,15 @@ Runs under the MaxText venv (.mtvenv), one process per simulated host, joined by
       --mesh=fsdp=16 --process_id=0 --num_processes=4 --devices_per_process=4 --coordinator=127.0.0.1:PORT
 
 MaxText's own loader restores the checkpoint on the mesh (`model_creation_utils.from_pretrained`: the NNX model's
-shardings from its logical axes and the default `logical_axis_rules`, the ici parallelism given by --mesh), as a
-training job's first step does. With --source_layout=safetensors_dynamic, --checkpoint is a directory of HuggingFace
-safetensors that MaxText loads and transforms on the devices at every start instead (no conversion): its
-HuggingFace config for --model_name comes from a built-in table, which this process points at the directory's own
-config.json, so that a checkpoint of other dimensions than the stock model's loads. Prints one JSON line: this process's `/proc/self/io` rchar during the restore (all
-file bytes it read: Orbax's tensorstore reads of chunks and indices, the checkpoint's metadata) and the seconds.
+shardings from its logical axes and the default `logical_axis_rules`, the ici parallelism given by --mesh), as
+an NNX model's creation does; with --loader=training, as a training job's start does (the train state built
+first, then `checkpointing.load_state_if_possible` from load_parameters_path). With
+--source_layout=safetensors_dynamic (training only), --checkpoint is a directory of HuggingFace safetensors that
+MaxText loads and transforms on the devices at every start instead (no conversion): its HuggingFace config for
+--model_name comes from a built-in table, which this process points at the directory's own config.json, so that a
+checkpoint of other dimensions than the stock model's loads. Prints one JSON line: this process's `/proc/self/io`
+rchar during the load (all file bytes it read: Orbax's tensorstore reads of chunks and indices, the checkpoint's
+metadata) and the seconds.
 """
 
 from __future__ import annotations
