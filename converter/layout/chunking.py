@@ -9,7 +9,9 @@ its default mesh every `embed`-like axis goes to `fsdp`. So chunks are cut along
   one layer and one expert per chunk along stacked axes; chunks kept above `min_chunk_bytes` (fewer pieces)
   and below `max_chunk_bytes` (other axes cut too);
 - `--target_mesh=fsdp=64,tensor=4,expert=8` cuts each leaf into exactly its shard on that mesh under MaxText's
-  default rules, one layer and one expert each: worst case one read of each byte on that mesh.
+  default rules, layers and experts cut only where the mesh cuts them (`stage`, `expert`), so that a chunk holds
+  as much of its shard as a write block does: worst case one read of each byte on that mesh, in as few reads as
+  the blocks allow.
 
 The cut is stored as zarr3 inner chunks inside the write blocks (one OCDBT value per block, as before), so
 streaming and memory are unchanged, each block's chunks ordered with the mesh's axes outermost (`chunk_order`) so
@@ -58,7 +60,7 @@ WEIGHT_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("norm", ("tensor",)),
     ("layers", ("stage",)),
 )
-STACKED = ("layers", "exp")  # One layer and one expert per chunk.
+STACKED = ("layers", "exp")  # The default rule: one layer and one expert per chunk.
 DEVICES_PER_HOST = 4
 
 
@@ -156,11 +158,14 @@ class ChunkRule:
     return None if order == tuple(range(len(order))) else order
 
   def _target_chunk(self, shape: Shape, logical_axes: Sequence[str | None]) -> Shape:
+    """Each axis cut into the mesh's parts of it, stacked axes (layers, experts) included: the mesh names every
+    axis that shards them, so a chunk may hold all the layers and experts of its shard, as a pre-sharded chunk
+    does. The write blocks still bound what lies in one stored chunk (`handlers/blocks.inner_chunk_shape`)."""
     sizes = dict(self.target_mesh)
     chunk = []
-    for n, axes, name in zip(shape, mesh_axes(logical_axes), logical_axes):
+    for n, axes in zip(shape, mesh_axes(logical_axes)):
       parts = math.prod(sizes.get(a, 1) for a in axes)
-      chunk.append(1 if name in STACKED else n // parts if n % parts == 0 else n)
+      chunk.append(n // parts if n % parts == 0 else n)
     return tuple(chunk)
 
   def record(self) -> dict:

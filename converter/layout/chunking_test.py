@@ -70,8 +70,11 @@ class ChunkShapeTest(absltest.TestCase):
 
   def test_target_mesh_cuts_each_leaf_into_its_shards(self):
     rule = chunking.ChunkRule(target_mesh=chunking.parse_mesh("fsdp=16,tensor=4"))
-    self.assertEqual(rule.chunk_shape(*WI, BF16), (128, 1, 1536))
-    self.assertEqual(rule.chunk_shape(*MOE_WI, BF16), (1, 128, 1, 192))
+    # No stage or expert axis: a chunk holds every layer and expert of its shard (the write blocks bound it).
+    self.assertEqual(rule.chunk_shape(*WI, BF16), (128, 16, 1536))
+    self.assertEqual(rule.chunk_shape(*MOE_WI, BF16), (128, 128, 48, 192))
+    expert_parallel = chunking.ChunkRule(target_mesh=chunking.parse_mesh("fsdp=16,expert=8,stage=4"))
+    self.assertEqual(expert_parallel.chunk_shape(*MOE_WI, BF16), (16, 128, 12, 768))
     self.assertEqual(rule.record(), {"rule": "target_mesh", "target_mesh": {"fsdp": 16, "tensor": 4}})
 
 
