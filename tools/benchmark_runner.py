@@ -15,7 +15,7 @@ import resource
 import shlex
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import psutil
 
@@ -84,6 +84,19 @@ def dry_run(command: list[str], env: dict[str, str], *wanted: str) -> list[int]:
   if missing:
     sys.exit(f"--dry_run printed no {', '.join(missing)} ({result.returncode}):\n{result.stderr[-3000:]}")
   return [found[name] for name in wanted]
+
+
+def alternating(runs: Sequence[tuple[str, Callable[[], float]]], rounds: int,
+                after_round: Callable[[int, dict[str, list[float]]], None] | None = None) -> dict[str, list[float]]:
+  """Each named run's seconds, `rounds` times, in alternating order (forwards, then backwards), so that a machine's
+  drift over the run falls on every run alike; `after_round(round_index, seconds so far)` after each round."""
+  seconds: dict[str, list[float]] = {name: [] for name, _ in runs}
+  for round_index in range(rounds):
+    for name, run in runs if round_index % 2 == 0 else runs[::-1]:
+      seconds[name].append(run())
+    if after_round is not None:
+      after_round(round_index, seconds)
+  return seconds
 
 
 def files(directory: str, suffix: str = "") -> list[str]:

@@ -158,5 +158,24 @@ class DryRunLinesTest(absltest.TestCase):
                      {"bytes to write": 1234, "predicted peak RSS": 1 << 29, "transposed bytes": 2048})
 
 
+class AlternatingTest(absltest.TestCase):
+
+  def test_rounds_alternate_direction_and_report_after_each(self):
+    calls, reports = [], []
+
+    def run(name: str):
+      def timed() -> float:
+        calls.append(name)
+        return float(len(calls))
+      return timed
+
+    seconds = benchmark_runner.alternating([("a", run("a")), ("b", run("b")), ("c", run("c"))], 3,
+                                           lambda i, s: reports.append((i, {k: list(v) for k, v in s.items()})))
+    self.assertEqual(calls, ["a", "b", "c", "c", "b", "a", "a", "b", "c"])
+    self.assertEqual(seconds, {"a": [1.0, 6.0, 7.0], "b": [2.0, 5.0, 8.0], "c": [3.0, 4.0, 9.0]})
+    self.assertEqual([i for i, _ in reports], [0, 1, 2])
+    self.assertEqual(reports[0][1], {"a": [1.0], "b": [2.0], "c": [3.0]})
+
+
 if __name__ == "__main__":
   absltest.main()

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import datetime
+import functools
 import json
 import os
 import shutil
@@ -196,6 +197,7 @@ def _add_to_page(page: str, table: str) -> None:
 
 
 def benchmark(work: str) -> str:
+  from tools import benchmark_runner  # pylint: disable=g-import-not-at-top
   from tools import checkpoint_io  # pylint: disable=g-import-not-at-top
   from tools import floors  # pylint: disable=g-import-not-at-top
   from tools import synthetic_checkpoint as synthetic  # pylint: disable=g-import-not-at-top
@@ -211,13 +213,16 @@ def benchmark(work: str) -> str:
   items["target_mesh"] = _convert(hf_dir, os.path.join(work, "target_mesh"), f"--target_mesh=fsdp={saved['devices']}")
   floor = _run_child("floor", items["default"], items["default"], hf_dir=hf_dir)
   shutil.rmtree(hf_dir)  # Its page cache would crowd out the checkpoints' (and their restores' memory) below.
-  rows: dict[str, list[float]] = {layout: [] for layout in LAYOUTS}
-  for round_index in range(FLAGS.rounds):
-    order = LAYOUTS if round_index % 2 == 0 else LAYOUTS[::-1]
-    for layout in order:
-      floors.warm(items[layout])  # Each restore reads from the page cache, as the read floor does.
-      rows[layout].append(_run_child("restore", items[layout], items["default"])["seconds"])
-    print(f"round {round_index + 1}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in rows.items()), flush=True)
+
+  def restore(layout: str) -> float:
+    floors.warm(items[layout])  # Each restore reads from the page cache, as the read floor does.
+    return _run_child("restore", items[layout], items["default"])["seconds"]
+
+  def report(round_index: int, seconds: dict[str, list[float]]) -> None:
+    print(f"round {round_index + 1}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in seconds.items()), flush=True)
+
+  rows = benchmark_runner.alternating([(layout, functools.partial(restore, layout)) for layout in LAYOUTS],
+                                      FLAGS.rounds, report)
   return _table(rows, floor, {layout: _stored_bytes(path) for layout, path in items.items()}, saved["platform"],
                 saved["devices"])
 

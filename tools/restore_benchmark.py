@@ -53,6 +53,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
+from tools import benchmark_runner  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tools.process_sampling import run_sampled  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 FLAGS = flags.FLAGS
@@ -245,8 +246,8 @@ def _local_rows(shape: str, layouts: list[tuple[str, str]], ours: str) -> list[s
     return _sharded_restore(items, ours, dict(os.environ))
 
   layouts = _with_pre_sharded(layouts, ours)
-  return _median_rows(shape, _alternating([(name, functools.partial(restore, items)) for name, items in layouts],
-                                          FLAGS.local_rounds))
+  runs = [(name, functools.partial(restore, items)) for name, items in layouts]
+  return _median_rows(shape, benchmark_runner.alternating(runs, FLAGS.local_rounds))
 
 
 def _training_start_rows(shape: str, hf_dir: str, model: str, mesh: str, ours: str) -> list[str]:
@@ -260,19 +261,10 @@ def _training_start_rows(shape: str, hf_dir: str, model: str, mesh: str, ours: s
     floors.warm(path if layout == "safetensors_dynamic" else os.path.dirname(path))
     return _restore(path, model, mesh, ours, source_layout=layout, loader="training")[1]
 
-  return _median_rows(shape, _alternating([
+  return _median_rows(shape, benchmark_runner.alternating([
       ("default (ours)", functools.partial(start, ours, "orbax")),
       ("MaxText `safetensors_dynamic` (the HuggingFace files, no conversion)",
        functools.partial(start, hf_dir, "safetensors_dynamic"))], max(1, FLAGS.local_rounds)))
-
-
-def _alternating(runs: list[tuple[str, Callable[[], float]]], rounds: int) -> dict[str, list[float]]:
-  """Each named run's seconds, `rounds` times, in alternating order (the machine's drift shared out)."""
-  seconds: dict[str, list[float]] = {name: [] for name, _ in runs}
-  for round_index in range(rounds):
-    for name, run in runs if round_index % 2 == 0 else runs[::-1]:
-      seconds[name].append(run())
-  return seconds
 
 
 def _median_rows(shape: str, seconds: dict[str, list[float]]) -> list[str]:
