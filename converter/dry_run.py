@@ -9,7 +9,7 @@ from converter.layout import chunking
 from converter.planning import loaders
 from converter.planning.lazy_leaves import write_blocks
 from converter.planning.plan import Plan
-from handlers.blocks import inner_chunk_shape, write_shape
+from handlers.blocks import host_group, inner_chunk_shape, write_shape
 
 # Fitted to the peaks tools/benchmark.py and tools/memory_benchmark.py measure beside each prediction
 # (docs/memory-and-streaming.md): every byte of the budget in flight holds about this many resident (the block,
@@ -42,14 +42,16 @@ def predicted_peak_bytes(plan: Plan, baseline_bytes: int, max_inflight_bytes: in
   return int(baseline_bytes + WRITER_BYTES + INFLIGHT_OVERHEAD * inflight + read_cache)
 
 
-def stored_leaves(plan: Plan, lazies: list, block_shapes: list) -> list[chunking.StoredLeaf]:
-  """Each leaf as it will be stored: its read chunks inside its write blocks (handlers.blocks), from the
+def stored_leaves(plan: Plan, lazies: list, block_shapes: list, max_inflight_bytes: int
+                  ) -> list[chunking.StoredLeaf]:
+  """Each leaf as one process stores it: its read chunks inside its stored blocks (handlers.blocks), from the
   writer's cut (`write_blocks`)."""
   out = []
   for leaf, lazy, block in zip(plan.leaves, lazies, block_shapes):
-    chunk = inner_chunk_shape(lazy, tuple(block)) or tuple(block)
+    stored = write_shape(lazy, tuple(block), host_group(lazy, tuple(block), max_inflight_bytes).scale)
+    chunk = inner_chunk_shape(lazy, stored) or tuple(block)
     out.append(chunking.StoredLeaf(leaf.shape, chunk, leaf.dtype.itemsize,
-                                   leaf.logical_axes or (None,) * len(leaf.shape), write_shape(lazy, tuple(block))))
+                                   leaf.logical_axes or (None,) * len(leaf.shape), stored))
   return out
 
 
@@ -97,7 +99,7 @@ def describe(plan: Plan, *, baseline_bytes: int, max_inflight_bytes: int, shares
   ]
   meshes = (plan.chunking.target_mesh,) if plan.chunking.target_mesh else chunking.DEFAULT_MESHES
   lines.append(f"chunks:            {plan.chunking.record()}")
-  lines += chunking.restore_lines(stored_leaves(plan, lazies, block_shapes), meshes)
+  lines += chunking.restore_lines(stored_leaves(plan, lazies, block_shapes, max_inflight_bytes), meshes)
   for index, nbytes in enumerate(shares or []) if shares and len(shares) > 1 else ():
     lines.append(f"process {index} writes: {nbytes:,} bytes ({nbytes / max(1, plan.total_bytes):.1%})")
   lines += [f"warning: {w}" for w in plan.warnings]

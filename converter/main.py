@@ -95,6 +95,9 @@ flags.DEFINE_string("target_mesh", None, "Cut every leaf's stored chunks at its 
                     " ici/dcn parallelism names, e.g. fsdp=64,tensor=4,expert=8): a restore on it reads each stored"
                     " byte once. Default: chunks cut along the axes MaxText shards on fsdp, for any power-of-two fsdp"
                     " mesh up to --chunk_fsdp_max.")
+flags.DEFINE_integer("target_devices_per_host", 4, "With --target_mesh: devices per restoring host (4 on TPU v4,"
+                     " v5p and multi-host v5e/v6e slices; a CPU or GPU host's own count). Each host's part of every"
+                     " leaf is stored in files of its own, as Orbax saving from that mesh stores it.", lower_bound=1)
 flags.DEFINE_integer("chunk_fsdp_max", 64, "Default layout: the largest fsdp mesh (a power of two) whose every host"
                      " reads each stored chunk it needs once.", lower_bound=1)
 flags.DEFINE_boolean("chunk_layout", True, "Cut stored chunks for the restoring mesh (--target_mesh or the fsdp"
@@ -319,7 +322,8 @@ def _plan_options() -> PlanOptions:
                      else None,
                      chunking=ChunkRule(fsdp_max=FLAGS.chunk_fsdp_max, cut=FLAGS.chunk_layout,
                                         target_mesh=parse_mesh(FLAGS.target_mesh) if FLAGS.target_mesh else (),
-                                        huggingface_element_order=FLAGS.chunk_element_order == "huggingface"))
+                                        huggingface_element_order=FLAGS.chunk_element_order == "huggingface",
+                                        devices_per_host=FLAGS.target_devices_per_host))
 
 
 def _save_options() -> SaveOptions:

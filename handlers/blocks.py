@@ -4,8 +4,9 @@ its early reads), without loading Orbax or JAX."""
 
 from __future__ import annotations
 
+import itertools
 import math
-from typing import Iterator, Sequence
+from typing import Iterator, NamedTuple, Sequence
 
 from handlers.lazy_tensor import Index, LazyTensor, block_indices
 
@@ -34,7 +35,7 @@ def write_block_shape(lazy: LazyTensor, target_bytes: int = TARGET_BLOCK_BYTES) 
     block_bytes = math.prod(block) * lazy.itemsize
     factor = _largest_divisor_at_most(lazy.shape[axis] // block[axis], target_bytes // max(1, block_bytes))
     block[axis] *= factor
-  return _aligned_to_device_shards(lazy, _aligned_to_chunks(lazy, block))
+  return _aligned_to_device_shards(lazy, _aligned_to_host_parts(lazy, _aligned_to_chunks(lazy, block)))
 
 
 def _aligned_to_chunks(lazy: LazyTensor, block: list[int]) -> list[int]:
@@ -45,12 +46,29 @@ def _aligned_to_chunks(lazy: LazyTensor, block: list[int]) -> list[int]:
   if lazy.chunk_shape is None:
     return block
   for axis, (b, c) in enumerate(zip(block, lazy.chunk_shape)):
-    if b % c == 0 or b == lazy.shape[axis]:
-      continue
-    if b > c:
-      block[axis] = c * (b // c)
-    elif 4 * (divisor := _largest_divisor_at_most(c, b)) >= b:
-      block[axis] = divisor
+    if b % c and b != lazy.shape[axis]:
+      block[axis] = _fitted(b, c)
+  return block
+
+
+def _fitted(length: int, unit: int) -> int:
+  """A block's `length` along an axis cut into `unit`s: a multiple of the unit where longer, else a divisor of it
+  that keeps at least a quarter of the length, else the length as it is."""
+  if length > unit:
+    return unit * (length // unit)
+  divisor = _largest_divisor_at_most(unit, length)
+  return divisor if 4 * divisor >= length else length
+
+
+def _aligned_to_host_parts(lazy: LazyTensor, block: list[int]) -> list[int]:
+  """Blocks that straddle restoring hosts' parts (`lazy.host_shape`) are written in uneven pieces, stored as
+  their common divisor (a 1280-row slab of 512-row parts: 256 rows): along an axis the parts cut, a block longer
+  than a part is cut to a multiple of it, a shorter one to a divisor of it that keeps at least a quarter of it."""
+  if lazy.host_shape is None:
+    return block
+  for axis, (b, h) in enumerate(zip(block, lazy.host_shape)):
+    if h != lazy.shape[axis] and b % h and h % b:
+      block[axis] = _fitted(b, h)
   return block
 
 
@@ -78,17 +96,12 @@ def _aligned_to_device_shards(lazy: LazyTensor, block: list[int]) -> tuple[int, 
     return tuple(block)
   for axis, (size, shard) in enumerate(zip(lazy.shape, sharding.shard_shape(lazy.shape))):
     b = block[axis]
-    if b == size or shard == size or shard % b == 0 or b % shard == 0:
-      continue
-    if b > shard:
-      block[axis] = shard * (b // shard)
-    else:
-      divisor = _largest_divisor_at_most(shard, b)
-      block[axis] = divisor if 4 * divisor >= b else b
+    if b != size and shard != size and shard % b and b % shard:
+      block[axis] = _fitted(b, shard)
   return tuple(block)
 
 
-def write_shape(lazy: LazyTensor, block: tuple[int, ...]) -> tuple[int, ...]:
+def write_shape(lazy: LazyTensor, block: tuple[int, ...], scale: tuple[int, ...] | None = None) -> tuple[int, ...]:
   """The stored array's shard grid: the write blocks, split further along a device sharding if any.
 
   Orbax stores a sharded jax.Array with one zarr shard per device shard. Matching that exactly would need a
@@ -101,12 +114,74 @@ def write_shape(lazy: LazyTensor, block: tuple[int, ...]) -> tuple[int, ...]:
   blocks of a few hundred KiB along the wrong axis, between which a bucket restore, merging one host's reads of
   one object up to 1 MB apart, fetches the other hosts' parts too (measured: docs/loading-on-a-pod.md).
   """
+  if lazy.host_shape is not None:  # Each host's piece of a group of blocks (`host_group`'s `scale`).
+    return tuple(math.gcd(b, h) * k for b, h, k in zip(block, lazy.host_shape, scale or (1,) * len(block)))
   sharding = getattr(lazy, "sharding", None)
   if sharding is None or lazy.chunk_shape is not None:
     return block
   shards = sharding.shard_shape(lazy.shape)
   # An unsharded axis keeps the block (its last one may be short); a sharded one is cut at device shards.
   return tuple(b if s == d else math.gcd(b, s) for b, s, d in zip(block, shards, lazy.shape))
+
+
+class HostGroup(NamedTuple):
+  """Blocks whose pieces are stored together (`host_group`)."""
+
+  scale: tuple[int, ...]  # How many blocks along each axis one stored block spans.
+  blocks: int  # How many consecutive blocks (C order) hold whole stored blocks: one transaction's worth.
+
+
+def host_group(lazy: LazyTensor, block: tuple[int, ...], max_inflight_bytes: int) -> HostGroup:
+  """The blocks one stored block of a host's part spans (`write_shape`). A block's pieces are a host's share of
+  it (a quarter on 4 hosts), and a restore from a bucket pays about two requests per stored block a host reads,
+  so the pieces of several blocks are stored as one, up to TARGET_BLOCK_BYTES. The writer stages each group of
+  blocks, which follow one another, in one transaction (handlers/host_databases.py): at most half the budget.
+  Axes are taken from the last, as blocks follow one another: an axis the hosts' parts cut is taken whole (its
+  blocks go to different parts' stored blocks), another is joined up to those limits; the first joined only in
+  part, or with a short last block, ends it."""
+  scale = [1] * len(block)
+  if lazy.host_shape is None:
+    return HostGroup(tuple(scale), 1)
+  block_bytes = math.prod(block) * lazy.itemsize
+  piece_bytes = math.prod(math.gcd(b, h) for b, h in zip(block, lazy.host_shape)) * lazy.itemsize
+  blocks_left = max(1, (max_inflight_bytes // 2) // max(1, block_bytes))
+  pieces_left = max(1, TARGET_BLOCK_BYTES // max(1, piece_bytes))
+  blocks = 1
+  for axis in reversed(range(len(block))):
+    count = -(-lazy.shape[axis] // block[axis])
+    if count == 1:
+      continue
+    if lazy.host_shape[axis] != lazy.shape[axis]:
+      if count > blocks_left:
+        break
+      blocks, blocks_left = blocks * count, blocks_left // count
+      continue
+    if lazy.shape[axis] % block[axis]:
+      break
+    scale[axis] = _largest_divisor_at_most(count, min(blocks_left, pieces_left))
+    blocks, blocks_left, pieces_left = blocks * scale[axis], blocks_left // scale[axis], pieces_left // scale[axis]
+    if scale[axis] < count:
+      break
+  if scale == [1] * len(block):
+    return HostGroup(tuple(scale), 1)  # Nothing joined: each block's pieces stored alone.
+  return HostGroup(tuple(scale), blocks)
+
+
+def host_parts(lazy: LazyTensor, index: Index) -> list[tuple[int, Index]]:
+  """The pieces of the write block `index` in each restoring host's part of `lazy` (`lazy.host_shape`), each with
+  its part's number (C order over the parts' grid); the whole block as part 0 where `lazy` has no such parts."""
+  if lazy.host_shape is None:
+    return [(0, index)]
+  grid = [n // h for n, h in zip(lazy.shape, lazy.host_shape)]
+  pieces = []
+  for piece in itertools.product(*[
+      [slice(max(s.start, p * h), min(s.stop, (p + 1) * h)) for p in range(s.start // h, (s.stop - 1) // h + 1)]
+      for s, h in zip(index, lazy.host_shape)]):
+    number = 0
+    for s, h, g in zip(piece, lazy.host_shape, grid):
+      number = number * g + s.start // h
+    pieces.append((number, piece))
+  return pieces
 
 
 def block_target_bytes(max_inflight_bytes: int) -> int:
@@ -132,7 +207,7 @@ def plan_blocks(values: Sequence[LazyTensor], target_bytes: int = TARGET_BLOCK_B
   blocks = [write_block_shape(lazy, target_bytes) for lazy in values]
   located = [(leaf, index) for leaf in write_order([lazy.nbytes for lazy in values])
              for index in block_indices(values[leaf].shape, blocks[leaf])]
-  sizes = [_nbytes(values[leaf], index) for leaf, index in located]
+  sizes = [region_bytes(values[leaf], index) for leaf, index in located]
   return blocks, located, sizes
 
 
@@ -143,8 +218,9 @@ def blocks_in_order(values: Sequence[LazyTensor], target_bytes: int = TARGET_BLO
   for leaf in write_order([lazy.nbytes for lazy in values]):
     lazy = values[leaf]
     for index in block_indices(lazy.shape, write_block_shape(lazy, target_bytes)):
-      yield lazy, index, _nbytes(lazy, index)
+      yield lazy, index, region_bytes(lazy, index)
 
 
-def _nbytes(lazy: LazyTensor, index: Index) -> int:
+def region_bytes(lazy: LazyTensor, index: Index) -> int:
+  """The bytes of `lazy`'s region `index`."""
   return math.prod(s.stop - s.start for s in index) * lazy.itemsize

@@ -14,7 +14,8 @@ from absl.testing import absltest  # pylint: disable=g-import-not-at-top
 from handlers import LazyTensor, ShardedLazyTensor  # pylint: disable=g-import-not-at-top
 from handlers import _orbax_private  # pylint: disable=g-import-not-at-top
 from handlers.blocks import (  # pylint: disable=g-import-not-at-top
-    blocks_in_order, inner_chunk_shape, plan_blocks, write_block_shape, write_order, write_shape)
+    TARGET_BLOCK_BYTES, HostGroup, blocks_in_order, host_group, host_parts, inner_chunk_shape, plan_blocks,
+    write_block_shape, write_order, write_shape)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,6 +131,67 @@ class ReadChunksTest(absltest.TestCase):
       # ... then the next mlp rows at the same embed columns: embed is the outermost axis of the chunk grid.
       second = np.frombuffer(block[chunk_bytes:2 * chunk_bytes], np.float32).reshape(first_chunk.shape)
       np.testing.assert_array_equal(second, first_chunk + 6 * 2 * 16)
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerBlocks:
+  """A loader of one layer at a time of an (embed, layers, mlp) leaf, as a scanned kernel's."""
+
+  shape: tuple[int, ...]
+
+  @property
+  def block_shape(self):
+    return (self.shape[0], 1, self.shape[2])
+
+  def region(self, index):
+    return np.zeros(tuple(s.stop - s.start for s in index), np.float32)
+
+
+class HostPartsTest(absltest.TestCase):
+  # A 64 MiB float32 kernel of 16 layers (4 MiB each) whose `embed` four restoring hosts hold a quarter of.
+  SHAPE, HOST = (1024, 16, 1024), (256, 16, 1024)
+
+  def _lazy(self) -> LazyTensor:
+    return LazyTensor("t", self.SHAPE, np.float32, LayerBlocks(self.SHAPE), chunk_shape=(64, 16, 1024),
+                      host_shape=self.HOST)
+
+  def test_a_block_is_cut_into_each_hosts_piece(self):
+    lazy = self._lazy()
+    block = (slice(0, 1024), slice(4, 8), slice(0, 1024))
+    self.assertEqual(host_parts(lazy, block), [
+        (part, (slice(256 * part, 256 * part + 256), slice(4, 8), slice(0, 1024))) for part in range(4)])
+    self.assertEqual(host_parts(LazyTensor("t", self.SHAPE, np.float32, LayerBlocks(self.SHAPE)), block),
+                     [(0, block)])
+
+  def test_stored_blocks_join_the_pieces_of_consecutive_blocks_up_to_a_write_block(self):
+    lazy = self._lazy()
+    block = write_block_shape(lazy)
+    self.assertEqual(block, (1024, 4, 1024))  # 16 MiB: four layers, every host's part.
+    self.assertEqual(write_shape(lazy, block), (256, 4, 1024))  # Each host's piece: 4 MiB.
+    # Pieces of four blocks (16 MiB) in one stored block, where half the budget holds four blocks.
+    self.assertEqual(host_group(lazy, block, 128 << 20), HostGroup((1, 4, 1), 4))
+    self.assertEqual(write_shape(lazy, block, (1, 4, 1)), (256, 16, 1024))
+    self.assertEqual(4 * 256 * 1024 * 4 * 4, TARGET_BLOCK_BYTES)
+    self.assertEqual(host_group(lazy, block, 64 << 20), HostGroup((1, 2, 1), 2))  # Half the budget: two blocks.
+    self.assertEqual(host_group(lazy, block, 32 << 20), HostGroup((1, 1, 1), 1))
+    # Blocks that follow one another across the hosts' parts first (the parts cut the last axis here): a group
+    # takes each row of them whole, its blocks' pieces going to different parts' stored blocks.
+    last = LazyTensor("t", self.SHAPE, np.float32, LayerBlocks(self.SHAPE), host_shape=(1024, 16, 256))
+    self.assertEqual(host_group(last, (1024, 4, 512), 128 << 20), HostGroup((1, 4, 1), 8))
+    self.assertEqual(write_shape(last, (1024, 4, 512), (1, 4, 1)), (1024, 16, 256))
+    self.assertEqual(host_group(last, (1024, 4, 512), 16 << 20), HostGroup((1, 1, 1), 1))  # No room for a row.
+    # Nothing to join where the blocks follow one another only along an axis the hosts' parts cut.
+    rows = LazyTensor("t", self.SHAPE, np.float32, RowSlabs(self.SHAPE, 256), chunk_shape=(64, 16, 1024),
+                      host_shape=self.HOST)
+    self.assertEqual(host_group(rows, (256, 16, 1024), 128 << 20), HostGroup((1, 1, 1), 1))
+    self.assertEqual(host_group(LazyTensor("t", self.SHAPE, np.float32, LayerBlocks(self.SHAPE)), block, 1 << 30),
+                     HostGroup((1, 1, 1), 1))
+
+  def test_blocks_are_cut_at_the_hosts_parts(self):
+    lazy = LazyTensor("t", self.SHAPE, np.float32, RowSlabs(self.SHAPE, 320), host_shape=self.HOST)
+    self.assertEqual(write_block_shape(lazy)[0], 256)  # Not 320: a part's 256 rows, not pieces of 64.
+    lazy = LazyTensor("t", self.SHAPE, np.float32, RowSlabs(self.SHAPE, 1000), host_shape=self.HOST)
+    self.assertEqual(write_block_shape(lazy, 64 << 20)[0], 768)
 
 
 class BlocksInOrderTest(absltest.TestCase):

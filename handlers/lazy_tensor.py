@@ -71,11 +71,11 @@ class LazyTensor:
   so the cast happens here rather than being left to the loader.
   """
 
-  __slots__ = ("name", "shape", "dtype", "loader", "chunk_shape", "chunk_order", "element_order")
+  __slots__ = ("name", "shape", "dtype", "loader", "chunk_shape", "chunk_order", "element_order", "host_shape")
 
   def __init__(self, name: str, shape: tuple[int, ...], dtype: Any, loader: Callable[[], np.ndarray],
                chunk_shape: tuple[int, ...] | None = None, chunk_order: tuple[int, ...] | None = None,
-               element_order: tuple[int, ...] | None = None):
+               element_order: tuple[int, ...] | None = None, host_shape: tuple[int, ...] | None = None):
     self.name = name
     self.shape = tuple(int(d) for d in shape)
     self.dtype = np.dtype(dtype)
@@ -88,6 +88,9 @@ class LazyTensor:
     # The order each stored chunk's elements are laid out in, outermost first (None: C): the layout the loader's
     # blocks have in memory, so that the store copies them into its chunks without transposing.
     self.element_order = None if element_order is None else tuple(int(a) for a in element_order)
+    # One restoring host's part of the tensor (it divides `shape`), stored in a database of its own so that the
+    # host finds it in few objects; None: every block in the writing process's database.
+    self.host_shape = None if host_shape is None else tuple(int(h) for h in host_shape)
 
   @property
   def ndim(self) -> int:
@@ -142,7 +145,7 @@ class LazyTensor:
 
   def __reduce__(self):
     return (type(self), (self.name, self.shape, self.dtype, self.loader, self.chunk_shape, self.chunk_order,
-                         self.element_order))
+                         self.element_order, self.host_shape))
 
   def __deepcopy__(self, memo: dict[int, Any]) -> LazyTensor:
     # Loaders describe immutable sources (file path, tensor name, transforms); sharing them is safe and keeps
@@ -160,10 +163,10 @@ class ShardedLazyTensor(LazyTensor):
 
   def __init__(self, name: str, shape: tuple[int, ...], dtype: Any, loader: Callable[[], np.ndarray], sharding: Any,
                chunk_shape: tuple[int, ...] | None = None, chunk_order: tuple[int, ...] | None = None,
-               element_order: tuple[int, ...] | None = None):
-    super().__init__(name, shape, dtype, loader, chunk_shape, chunk_order, element_order)
+               element_order: tuple[int, ...] | None = None, host_shape: tuple[int, ...] | None = None):
+    super().__init__(name, shape, dtype, loader, chunk_shape, chunk_order, element_order, host_shape)
     self.sharding = sharding
 
   def __reduce__(self):
     return (type(self), (self.name, self.shape, self.dtype, self.loader, self.sharding, self.chunk_shape,
-                         self.chunk_order, self.element_order))
+                         self.chunk_order, self.element_order, self.host_shape))

@@ -14,7 +14,7 @@ import numpy as np
 import tensorstore as ts
 from absl.testing import absltest
 
-from handlers import streaming
+from handlers import host_databases, streaming
 from handlers.lazy_tensor import Index, LazyTensor, LazyTensorLoadError, LazyTensorWriteError
 from handlers.shares import Processes
 from handlers.write_options import BlockWritten, SaveCancelled, WriteOptions
@@ -41,6 +41,24 @@ class _Rows:
     return self.value[index]
 
 
+class _SlowReads:
+  """An `on_read` that takes a while and counts the most reads under way at once (`peak`)."""
+
+  def __init__(self):
+    self._lock = threading.Lock()
+    self._alive = 0
+    self.peak = 0
+
+  def __call__(self, row: int) -> None:
+    del row
+    with self._lock:
+      self._alive += 1
+      self.peak = max(self.peak, self._alive)
+    time.sleep(0.02)
+    with self._lock:
+      self._alive -= 1
+
+
 def _tensor(name: str, rows: int, on_read: Callable[[int], None] = lambda row: None) -> LazyTensor:
   value = np.arange(rows * COLUMNS, dtype=np.float32).reshape(rows, COLUMNS) + 1000 * len(name)
   return LazyTensor(name, value.shape, value.dtype, _Rows(value, on_read))
@@ -59,6 +77,32 @@ class _MemoryArrays:
         {"driver": "zarr3", "kvstore": {"driver": "memory"},
          "metadata": {"shape": list(lazy.shape), "data_type": lazy.dtype.name}}, create=True)
     return self.stores[info.name], f"metadata of {info.name}"
+
+
+class _HostDatabases:
+  """Stands in for `streaming._open`: each value's array in the writing process's database and in each restoring
+  host's database (`database`), every database a memory store of its own."""
+
+  def __init__(self):
+    self.stores: dict[tuple[str, str | None], ts.TensorStore] = {}
+    self.reported_unreadable: list[BlockWritten] = []
+
+  async def open(self, lazy: LazyTensor, write: tuple[int, ...], info: Any, arg: Any, metadata_key: str | None,
+                 create: bool, database: str | None = None) -> tuple[ts.TensorStore, str]:
+    del arg, metadata_key, create
+    self.stores[info.name, database] = await ts.open(  # One stored chunk per block of the writer's stored grid.
+        {"driver": "zarr3", "kvstore": {"driver": "memory"}, "metadata": {
+            "shape": list(lazy.shape), "data_type": lazy.dtype.name,
+            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": list(write)}}}},
+        create=True, context=ts.Context())
+    return self.stores[info.name, database], f"metadata of {info.name}"
+
+  def check_committed(self, event: BlockWritten) -> None:
+    """Records `event` if any of its pieces is not yet readable outside the writer's transactions."""
+    for start, stop, database in event.pieces:
+      stored = self.stores[event.array_name, database][start[0]:stop[0]].read().result()
+      if not stored.any():
+        self.reported_unreadable.append(event)
 
 
 class _ArraysFailingEveryWrite:
@@ -82,12 +126,19 @@ def _array_name(lazy: LazyTensor) -> str:
 
 
 def _save(values: Sequence[LazyTensor], budget: int, *, arrays: Any = None,
-          written: list[BlockWritten] | None = None, **options: Any) -> list[Any]:
-  """Runs the writer as Orbax does, on an event loop of its own, each block reported written appended to `written`;
-  returns the arrays' metadata."""
+          written: list[BlockWritten] | None = None, on_written: Callable[[BlockWritten], None] | None = None,
+          **options: Any) -> list[Any]:
+  """Runs the writer as Orbax does, on an event loop of its own, each block reported written appended to `written`
+  (after `on_written(block)`); returns the arrays' metadata."""
   arrays = arrays or _MemoryArrays()
-  infos = [types.SimpleNamespace(name=_array_name(lazy)) for lazy in values]
-  on_block_written = written.append if written is not None else None
+  infos = [types.SimpleNamespace(name=_array_name(lazy), is_ocdbt_checkpoint=True) for lazy in values]
+
+  def on_block_written(event: BlockWritten) -> None:
+    if on_written is not None:
+      on_written(event)
+    if written is not None:
+      written.append(event)
+
   with mock.patch.object(streaming, "_open", arrays.open):
     return asyncio.run(streaming.write_lazy_tensors(
         values, infos, [None] * len(values),
@@ -111,21 +162,10 @@ class WriteLazyTensorsTest(absltest.TestCase):
       np.testing.assert_array_equal(arrays.stores[_array_name(lazy)].read().result(), lazy.loader.value)
 
   def test_no_more_blocks_are_alive_than_the_budget_holds(self):
-    lock, alive, peak = threading.Lock(), [0], [0]
-
-    def slow_read(row: int) -> None:
-      del row
-      with lock:
-        alive[0] += 1
-        peak[0] = max(peak[0], alive[0])
-      time.sleep(0.02)
-      with lock:
-        alive[0] -= 1
-
-    written = []
-    _save([_tensor("x", 16, slow_read)], FOUR_BLOCKS, written=written)
+    reads, written = _SlowReads(), []
+    _save([_tensor("x", 16, reads)], FOUR_BLOCKS, written=written)
     self.assertLen(written, 16)
-    self.assertBetween(peak[0], 2, 4)  # Reads overlap, four blocks at most (a block holds its bytes until stored).
+    self.assertBetween(reads.peak, 2, 4)  # Reads overlap, four blocks at most (a block holds its bytes until stored).
 
   def test_a_cancel_stops_before_the_next_block_and_fails_the_save(self):
     cancel, rows_read, written = threading.Event(), [], []
@@ -168,6 +208,76 @@ class WriteLazyTensorsTest(absltest.TestCase):
                                 "^Failed to write tensor 'x': ValueError: UNAVAILABLE: disk gone$"):
       _save([_tensor("x", 6)], ONE_BLOCK, arrays=_ArraysFailingEveryWrite(), written=written)
     self.assertEmpty(written)
+
+
+class HostDatabasesTest(absltest.TestCase):
+
+  def test_each_hosts_part_goes_to_its_own_database_and_is_reported_once_committed(self):
+    value = _tensor("x", 8)
+    # Two restoring hosts, four rows each; blocks of two rows (the budget's quarter) straddle no part.
+    lazy = LazyTensor("x", value.shape, value.dtype, value.loader, chunk_shape=(1, COLUMNS), host_shape=(4, COLUMNS))
+    arrays, written = _HostDatabases(), []
+    _save([lazy], 8 * ROW_BYTES, arrays=arrays, written=written, on_written=arrays.check_committed)
+    self.assertEmpty(arrays.reported_unreadable)  # Reported only once its round was committed.
+    self.assertCountEqual([(event.start, event.stop) for event in written],
+                          [((row, 0), (row + 2, COLUMNS)) for row in range(0, 8, 2)])
+    for event in written:
+      part = event.start[0] // 4
+      self.assertEqual(event.pieces, ((event.start, event.stop, f"0p{part}"),))
+    expected = value.loader.value
+    for part in (0, 1):
+      stored = arrays.stores[_array_name(lazy), f"0p{part}"].read().result()
+      mine = slice(4 * part, 4 * part + 4)
+      np.testing.assert_array_equal(stored[mine], expected[mine])
+      self.assertFalse(np.delete(stored, np.s_[mine], axis=0).any())  # Nothing of the other host's part.
+    self.assertFalse(arrays.stores[_array_name(lazy), None].read().result().any())
+
+  def test_a_stored_block_of_several_blocks_pieces_is_committed_whole(self):
+    # Two hosts, a half of the columns each; blocks of one row. A stored block holds two blocks' pieces (half the
+    # budget): a round that ended between them would store the second piece alone, the first lost.
+    value = _tensor("x", 12)
+    lazy = LazyTensor("x", value.shape, value.dtype, value.loader, chunk_shape=(1, COLUMNS // 2),
+                      host_shape=(12, COLUMNS // 2))
+    arrays, written, rounds = _HostDatabases(), [], []
+    commit = host_databases.CommitRounds._commit
+
+    async def recorded(commit_rounds: host_databases.CommitRounds, closing: Any) -> None:
+      await commit(commit_rounds, closing)
+      rounds.append(sorted(task.result().start[0] for task in closing.tasks))
+
+    with mock.patch.object(host_databases.CommitRounds, "_commit", recorded):
+      _save([lazy], FOUR_BLOCKS, arrays=arrays, written=written, on_written=arrays.check_committed)
+    self.assertEqual(arrays.stores[_array_name(lazy), "0p0"].chunk_layout.read_chunk.shape, (2, COLUMNS // 2))
+    self.assertEqual(sorted(row for rows in rounds for row in rows), list(range(12)))
+    for rows in rounds:  # Each round whole stored blocks: rows 2k and 2k + 1 together.
+      self.assertEqual(rows, sorted({row // 2 * 2 + i for row in rows for i in (0, 1)}), rounds)
+    self.assertLen(written, 12)
+    self.assertEmpty(arrays.reported_unreadable)
+    for part in (0, 1):
+      columns = np.s_[:, COLUMNS // 2 * part:COLUMNS // 2 * (part + 1)]
+      np.testing.assert_array_equal(arrays.stores[_array_name(lazy), f"0p{part}"].read().result()[columns],
+                                    value.loader.value[columns])
+
+  def test_a_block_across_parts_is_written_in_pieces_within_the_budget(self):
+    reads = _SlowReads()
+    value = _tensor("x", 16, reads)
+    # Blocks of whole rows, each across both column halves' parts.
+    lazy = LazyTensor("x", value.shape, value.dtype, value.loader, host_shape=(2, COLUMNS // 2))
+    arrays, written = _HostDatabases(), []
+    _save([lazy], FOUR_BLOCKS, arrays=arrays, written=written)
+    self.assertLen(written, 16)
+    self.assertBetween(reads.peak, 1, 4)  # A block holds its bytes until its round is committed.
+    for event in written:
+      row = event.start[0]
+      self.assertEqual([database for _, _, database in event.pieces],
+                       [f"0p{row // 2 * 2}", f"0p{row // 2 * 2 + 1}"])  # Parts in C order over a 8 x 2 grid.
+    for part in range(16):
+      rows, columns = divmod(part, 2)
+      stored = arrays.stores[_array_name(lazy), f"0p{part}"].read().result()
+      box = np.s_[2 * rows:2 * rows + 2, 4 * columns:4 * columns + 4]
+      np.testing.assert_array_equal(stored[box], lazy.loader.value[box])
+      stored[box] = 0
+      self.assertFalse(stored.any())
 
 
 class ShareBytesTest(absltest.TestCase):

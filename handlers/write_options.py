@@ -23,6 +23,10 @@ class BlockWritten:
   start: tuple[int, ...]
   stop: tuple[int, ...]
   nbytes: int
+  # Where the block's pieces lie when each restoring host's part went to an OCDBT database of its own
+  # (handlers/host_databases.py): (start, stop, database) each, the database `ocdbt.process_<database>` until the
+  # save's commit merges them; empty: the block is whole in the writing process's database.
+  pieces: tuple[tuple[tuple[int, ...], tuple[int, ...], str], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)

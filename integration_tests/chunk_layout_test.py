@@ -59,6 +59,20 @@ class ChunkLayoutTest(absltest.TestCase):
     self.assertEqual((dedup, worst), (chunking.ideal_amplification(list(leaves.values()), rule.target_mesh),) * 2)
     self.assertLess(dedup, 1.01)
 
+  def test_target_mesh_stores_each_hosts_part_apart(self):
+    # 16 devices, hosts of 4: each host's part of a leaf in stored blocks of its own, in databases of their own.
+    rule = chunking.ChunkRule(target_mesh=chunking.parse_mesh(MESH))
+    databases = [name for name in os.listdir(self.target) if name.startswith("ocdbt.process_0p")]
+    self.assertGreater(len(databases), 1)
+    leaves, _ = layout_inspection.stored_leaves(self.target)
+    parted = 0
+    for name, leaf in leaves.items():
+      host = rule.host_shape(leaf.shape, leaf.logical_axes)
+      if host is not None:
+        self.assertTrue(all(h % b == 0 for h, b in zip(host, leaf.block)), (name, host, leaf.block))
+        parted += 1
+    self.assertGreater(parted, 5)
+
   def test_default_layout_is_read_once_on_fsdp_meshes(self):
     leaves, record = layout_inspection.stored_leaves(self.fine)
     self.assertEqual(record["rule"], "fsdp")

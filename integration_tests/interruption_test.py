@@ -86,8 +86,9 @@ class InterruptionTest(parameterized.TestCase):
     self.assertEqual(diffs, [])
 
   def test_a_maxtext_checkpoint_laid_out_again_resumes_identically(self):
+    # For a mesh of 4 hosts: each host's part in databases of its own, journaled and salvaged piece by piece.
     relayout = lambda out, *extra: [f"--checkpoint_path={self.reference}/0/items", f"--output_dir={out}",
-                                    "--scan_layers=false", "--simulated_cpu_devices_count=1",
+                                    "--scan_layers=false", "--simulated_cpu_devices_count=1", "--target_mesh=fsdp=16",
                                     fixtures.STREAMING_BUDGET, "--noprogress", *extra]
     clean = os.path.join(harness.scratch_dir("relaid-clean-"), "out")
     harness.run_converter(*relayout(clean))

@@ -24,7 +24,8 @@ transformed on the devices, their HuggingFace config from their config.json: res
 Then, for the layouts restored on fsdp over every device (a `--target_mesh` naming that mesh included), stock
 Orbax v1 restores each as MaxText's loader calls it (tools/sharded_restore.py) beside the same checkpoint
 pre-sharded for that mesh: from the local disk (--local_rounds alternating rounds, files warm in the page cache)
-and from the GCS emulator with --bucket_latency_ms added to every request, counting each process's requests.
+and from the GCS emulator with --bucket_latency_ms added to every request (as many rounds), counting each
+process's requests.
 
 MaxText's row: integration_tests/maxtext_interop/maxtext_convert.py runs `to_maxtext` under --maxtext_python with
 its defaults (`--lazy_load_tensors=True --simulated_cpu_devices_count=16`, bf16, scan_layers) and, as MaxText
@@ -72,7 +73,8 @@ flags.DEFINE_list("layouts", ["default", "target_mesh", "write", "to_maxtext", "
                   " --target_mesh), relayout (MaxText's output laid out again by ours, --checkpoint_path"
                   " --target_mesh; needs to_maxtext), safetensors_dynamic (no conversion: MaxText 0.2.5 loading the"
                   " HuggingFace files and transforming them on the devices, as it can at every start).")
-flags.DEFINE_integer("local_rounds", 3, "Rounds of the local-disk rows beside the pre-sharded checkpoint (0: none).")
+flags.DEFINE_integer("local_rounds", 3, "Rounds of the local-disk rows beside the pre-sharded checkpoint (0: none),"
+                     " and of the bucket rows (at least one).")
 flags.DEFINE_float("bucket_latency_ms", 30.0, "The bucket rows' latency added to every request (negative: no"
                    " bucket rows).")
 
@@ -281,39 +283,52 @@ def _median_rows(shape: str, seconds: dict[str, list[float]]) -> list[str]:
 
 def _bucket_rows(shape: str, layouts: list[tuple[str, str]], ours: str) -> list[str]:
   """Each layout restored from the GCS emulator by --processes processes, each through its own counting proxy
-  that holds every request --bucket_latency_ms: the busiest process's requests, all bytes the processes fetched
-  over the bytes stored, and the slowest process's seconds, beside the same checkpoint pre-sharded for the mesh
+  that holds every request --bucket_latency_ms, --local_rounds rounds in alternating order: the busiest process's
+  requests, all bytes the processes fetched over the bytes stored (both from the first round: they do not vary),
+  and the median of the slowest process's seconds, beside the same checkpoint pre-sharded for the mesh
   (`_with_pre_sharded`)."""
   from tools.gcs_emulator import GcsEmulator  # pylint: disable=g-import-not-at-top
   from tools.request_proxy import RequestProxy  # pylint: disable=g-import-not-at-top
 
   work = os.path.dirname(os.path.dirname(ours))
   layouts = _with_pre_sharded(layouts, ours)
-  rows, reference = [], None
+  counts: dict[str, tuple[int, int]] = {}
   with GcsEmulator(root=os.path.join(os.path.dirname(work), "gcs")) as gcs:
     gcs.create_bucket("restore-bench")
+    uploaded = {}
     for name, items in layouts:
       step = os.path.dirname(items)
       prefix = f"{shape}/{os.path.basename(os.path.dirname(step))}"
       gcs.upload_dir(step, "restore-bench", f"{prefix}/0")
-      bucket_items = f"gs://restore-bench/{prefix}/0/{os.path.basename(items)}"
+      uploaded[name] = f"gs://restore-bench/{prefix}/0/{os.path.basename(items)}"
+
+    def restore(name: str) -> float:
       proxies = [RequestProxy(gcs.url, FLAGS.bucket_latency_ms / 1000).start() for _ in range(FLAGS.processes)]
       try:
-        seconds = _sharded_restore(bucket_items, ours, dict(os.environ, **gcs.env), proxies)
+        seconds = _sharded_restore(uploaded[name], ours, dict(os.environ, **gcs.env), proxies)
       finally:
         for proxy in proxies:
           proxy.stop()
-      busiest = max(proxy.counts.gets for proxy in proxies)
-      fetched = sum(proxy.counts.get_bytes for proxy in proxies)
-      reference = reference or (busiest, seconds)
-      if rows:
-        predicted = " / ".join(f"{n:,}" for n in _predicted_bucket_requests(
-            items, [f"fsdp={FLAGS.processes * FLAGS.devices_per_process}", "fsdp=64", "fsdp=256"]))
-      else:
-        predicted = f"{_leaf_count(items)} (one per leaf)"
-      rows.append(f"| {shape} | {name} | {busiest:,} ({busiest / reference[0]:.1f}x) | {predicted} |"
-                  f" {fetched / _stored_bytes(items):.2f}x | {seconds:.1f} ({seconds / reference[1]:.2f}x) |")
-      print(rows[-1], flush=True)
+      counts.setdefault(name, (max(proxy.counts.gets for proxy in proxies),
+                               sum(proxy.counts.get_bytes for proxy in proxies)))
+      return seconds
+
+    seconds = benchmark_runner.alternating([(name, functools.partial(restore, name)) for name, _ in layouts],
+                                           max(1, FLAGS.local_rounds))
+  rows = []
+  reference_gets, reference_seconds = counts[layouts[0][0]][0], statistics.median(seconds[layouts[0][0]])
+  for number, (name, items) in enumerate(layouts):
+    busiest, fetched = counts[name]
+    median = statistics.median(seconds[name])
+    if number:
+      predicted = " / ".join(f"{n:,}" for n in _predicted_bucket_requests(
+          items, [f"fsdp={FLAGS.processes * FLAGS.devices_per_process}", "fsdp=64", "fsdp=256"]))
+    else:
+      predicted = f"{_leaf_count(items)} (one per leaf)"
+    rows.append(f"| {shape} | {name} | {busiest:,} ({busiest / reference_gets:.1f}x) | {predicted} |"
+                f" {fetched / _stored_bytes(items):.2f}x | {median:.2f} ({median / reference_seconds:.2f}x) |"
+                f" {', '.join(f'{s:.2f}' for s in seconds[name])} |")
+    print(rows[-1], flush=True)
   return rows
 
 
@@ -434,13 +449,15 @@ def benchmark(work: str) -> None:
                 " (reads of one object issued within 1 ms and at most 1 MB apart become one request), so these"
                 " counts, not a local restore's read calls, are what a bucket bills and waits for. \"pre-sharded\":"
                 " what stock Orbax saves from that mesh (one chunk per device shard, every process's shards in its"
-                " own files: MaxText's `reshard_checkpoint`). Ratios are to that row.\n\n"
+                " own files: MaxText's `reshard_checkpoint`). Ratios are to that row. Seconds: the slowest"
+                f" process's, {max(1, FLAGS.local_rounds)} rounds in alternating order (the median, and every"
+                " run); requests and bytes: the first round's.\n\n"
                 " \"predicted\": the busiest host's requests from the stored grids alone"
                 " (converter/chunking.bucket_requests: two per stored block it touches, one for a block read whole)"
                 f" at fsdp={devices}, 64 and 256; a pre-sharded checkpoint is predicted one per leaf.\n\n"
                 "| shape | layout | GET requests of the busiest process | predicted (fsdp 16 / 64 / 256) |"
-                " fetched / stored | restore s |\n"
-                "|---|---|---|---|---|---|\n" + "\n".join(bucket_rows) + "\n")
+                " fetched / stored | restore s (median) | runs |\n"
+                "|---|---|---|---|---|---|---|\n" + "\n".join(bucket_rows) + "\n")
 
 
 def main(argv: list[str]) -> None:

@@ -42,8 +42,9 @@ def metadata_path(items: str) -> str:
   return storage.join(storage.parent(items), METADATA)
 
 
-def process_database(items: str, process: int = 0) -> str:
-  """Where process `process` wrote its arrays before the commit merged them."""
+def process_database(items: str, process: int | str = 0) -> str:
+  """Where process `process` wrote its arrays before the commit merged them (or a database named as a process
+  is: a restoring host's part, handlers/host_databases.py)."""
   return storage.join(items, f"ocdbt.process_{process}")
 
 

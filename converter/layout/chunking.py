@@ -117,6 +117,8 @@ class ChunkRule:
   # copy into the chunk does the kernels' transposes; every restore then undoes them while it decodes, at two to
   # three times a plain chunk's CPU (docs/loading-on-a-pod.md). Default: MaxText's order, the conversion transposes.
   huggingface_element_order: bool = False
+  # With `target_mesh`: the restoring hosts' size, whose parts of each leaf are stored in databases of their own.
+  devices_per_host: int = DEVICES_PER_HOST
 
   def chunk_shape(self, shape: Shape, logical_axes: Sequence[str | None], itemsize: int) -> Shape | None:
     """The chunk of a leaf of `shape` whose axes MaxText names `logical_axes`; it divides `shape` on every axis."""
@@ -168,11 +170,50 @@ class ChunkRule:
       chunk.append(n // parts if n % parts == 0 else n)
     return tuple(chunk)
 
+  def host_shape(self, shape: Shape, logical_axes: Sequence[str | None]) -> Shape | None:
+    """With a `target_mesh` of several hosts: the part of a leaf of `shape` that one restoring host's devices
+    hold (every device's shards of it together), where every host's part is a box of that shape and the parts
+    tile the leaf; None where they do not, or where every host holds the whole leaf.
+
+    The writer stores each part apart, in stored blocks of its own of up to 16 MiB, in an OCDBT database of its
+    own (handlers/host_databases.py), as Orbax's own save from that mesh stores each host's shards in its own
+    files: a host restoring from a bucket then fetches its own stored blocks, about two requests each, instead of
+    two for every write block its shards touch, each holding every host's part."""
+    if not (self.cut and self.target_mesh) or len(logical_axes) != len(shape):
+      return None
+    sizes = dict(self.target_mesh)
+    names = [axis for axis, _ in self.target_mesh]
+    devices = math.prod(sizes.values())
+    if devices <= self.devices_per_host:
+      return None
+    mapped = mesh_axes(logical_axes)
+    part = None
+    for host_start in range(0, devices, self.devices_per_host):
+      shards, low, high = set(), list(shape), [0] * len(shape)
+      for device in range(host_start, min(devices, host_start + self.devices_per_host)):
+        coordinates = dict(zip(names, _unravel(device, [sizes[a] for a in names])))
+        index = []
+        for axis, (n, axes) in enumerate(zip(shape, mapped)):
+          position, count = _shard_index(coordinates, sizes, axes)
+          if count == 1 or n % count:
+            position, count = 0, 1
+          extent = n // count
+          index.append(position)
+          low[axis], high[axis] = min(low[axis], position * extent), max(high[axis], (position + 1) * extent)
+        shards.add(tuple(index))
+      box = tuple(h - l for l, h in zip(low, high))
+      shard_elements = math.prod(self._target_chunk(shape, logical_axes))
+      if math.prod(box) != len(shards) * shard_elements or (part is not None and box != part):
+        return None  # A host's shards that are not one box, or hosts with parts of different shapes.
+      part = box
+    return None if part is None or part == tuple(shape) else part
+
   def record(self) -> dict:
     """What the conversion record keeps of the rule (readers predict amplification from it and the grids)."""
     if not self.cut:
       return {"rule": "write_blocks"}
-    rule = ({"rule": "target_mesh", "target_mesh": dict(self.target_mesh)} if self.target_mesh else
+    rule = ({"rule": "target_mesh", "target_mesh": dict(self.target_mesh), "devices_per_host": self.devices_per_host}
+            if self.target_mesh else
             {"rule": "fsdp", "fsdp_max": self.fsdp_max, "min_chunk_bytes": self.min_chunk_bytes,
              "max_chunk_bytes": self.max_chunk_bytes})
     return rule | ({"element_order": "huggingface"} if self.huggingface_element_order else {})
@@ -309,8 +350,9 @@ def bucket_requests(leaf: StoredLeaf, mesh: Sequence[tuple[str, int]],
   tensorstore's read coalescing on (reads of one object issued together, at most 1 MB apart, become one request):
   of each stored block its devices' shards touch, a host fetches the block's index, then its part of the block,
   one run of bytes where the block is laid out with the mesh's axes outermost (`ChunkRule.chunk_order`): two
-  requests; one for a block that is a single chunk, read whole. Measured against the GCS emulator's counts:
-  docs/loading-on-a-pod.md."""
+  requests; one for a block that is a single chunk, read whole. Where each host's part of a leaf is stored
+  apart (`ChunkRule.host_shape`), its stored blocks are that part's alone, so a host touches only its own.
+  Measured against the GCS emulator's counts: docs/loading-on-a-pod.md."""
   block = leaf.block or leaf.chunk
   per_block = 1 if tuple(block) == tuple(leaf.chunk) else 2
   # The blocks a host touches are counted as `read_requests` counts chunks, with the blocks as the grid.

@@ -75,7 +75,32 @@ class ChunkShapeTest(absltest.TestCase):
     self.assertEqual(rule.chunk_shape(*MOE_WI, BF16), (128, 128, 48, 192))
     expert_parallel = chunking.ChunkRule(target_mesh=chunking.parse_mesh("fsdp=16,expert=8,stage=4"))
     self.assertEqual(expert_parallel.chunk_shape(*MOE_WI, BF16), (16, 128, 12, 768))
-    self.assertEqual(rule.record(), {"rule": "target_mesh", "target_mesh": {"fsdp": 16, "tensor": 4}})
+    self.assertEqual(rule.record(), {"rule": "target_mesh", "target_mesh": {"fsdp": 16, "tensor": 4},
+                                     "devices_per_host": 4})
+
+  def test_host_shape_is_one_restoring_hosts_part(self):
+    # fsdp=16 on hosts of 4: each host holds a quarter of `embed`, all of the rest.
+    fsdp = chunking.ChunkRule(target_mesh=chunking.parse_mesh("fsdp=16"))
+    self.assertEqual(fsdp.host_shape(*WI), (512, 16, 6144))
+    self.assertEqual(fsdp.host_shape(*WO), (6144, 16, 512))
+    self.assertEqual(fsdp.host_shape(*MOE_WI), (128, 512, 48, 768))
+    # Devices in MaxText's order (fsdp outer, tensor inner): a host's four are one fsdp shard's four tensor shards.
+    tensor = chunking.ChunkRule(target_mesh=chunking.parse_mesh("fsdp=16,tensor=4"))
+    self.assertEqual(tensor.host_shape(*WI), (128, 16, 6144))
+    # ... or half of them: the part is cut along `mlp` too.
+    wide = chunking.ChunkRule(target_mesh=chunking.parse_mesh("fsdp=4,tensor=8"))
+    self.assertEqual(wide.host_shape(*WI), (512, 16, 3072))
+    self.assertEqual(chunking.ChunkRule(target_mesh=chunking.parse_mesh("fsdp=16"), devices_per_host=8
+                                        ).host_shape(*WI), (1024, 16, 6144))
+
+  def test_no_host_shape_where_hosts_do_not_hold_separate_boxes(self):
+    fsdp = chunking.ChunkRule(target_mesh=chunking.parse_mesh("fsdp=16"))
+    self.assertIsNone(fsdp.host_shape((2048, 16), ("norm", "layers")))  # Every host holds all of it.
+    self.assertIsNone(chunking.ChunkRule(target_mesh=chunking.parse_mesh("fsdp=4")).host_shape(*WI))  # One host.
+    self.assertIsNone(chunking.ChunkRule().host_shape(*WI))  # The default rule: no hosts known.
+    # Six devices on hosts of four: the first host holds a whole fsdp shard and a third of the next.
+    odd = chunking.ChunkRule(target_mesh=chunking.parse_mesh("fsdp=2,tensor=3"))
+    self.assertIsNone(odd.host_shape((2048, 16, 6144), ("embed", "layers", "mlp")))
 
 
 class PredictedAmplificationTest(parameterized.TestCase):

@@ -41,8 +41,12 @@ class Journal(Protocol):
 
 
 def journal_line(event: BlockWritten) -> str:
-  """One journal entry: a JSON line naming the array and the block's region (read back by resume.py)."""
-  return json.dumps({"a": event.array_name, "s": list(event.start), "e": list(event.stop)}) + "\n"
+  """One journal entry: a JSON line naming the array, the block's region and, where it was written in pieces to
+  restoring hosts' databases, each piece's region and database (read back by resume.py)."""
+  entry = {"a": event.array_name, "s": list(event.start), "e": list(event.stop)}
+  if event.pieces:
+    entry["p"] = [[list(start), list(stop), database] for start, stop, database in event.pieces]
+  return json.dumps(entry) + "\n"
 
 
 class Destination(Protocol):

@@ -5,6 +5,7 @@ OCDBT has committed it to disk), next to a fingerprint of the inputs and the pla
 
   OUT/0.hf2maxtext-resume/fingerprint.json
   OUT/0.hf2maxtext-resume/gen-N.journal     one JSON line per written block: {"a": array name, "s": start, "e": stop}
+                                            and, written in restoring hosts' parts, "p": [[start, stop, database]]
   OUT/0.hf2maxtext-resume/gen-N/            attempt N's Orbax temporary directory, moved here after it died
 
 A killed save never commits, so what it leaves (`OUT/0.orbax-checkpoint-tmp` on a local disk, an `OUT/0` without
@@ -78,24 +79,29 @@ def _journals(directory: str) -> dict[int, dict[int, list[str]]]:
           for generation, by_process in sorted(found.items())}
 
 
-def _load_journal(paths: list[str]) -> list[tuple[str, Block]]:
+Pieces = tuple[tuple[Block, str], ...]  # A block's pieces, each in its own database (`BlockWritten.pieces`).
+
+
+def _load_journal(paths: list[str]) -> list[tuple[str, Block, Pieces]]:
   entries = []
   for path in paths:
     for line in storage.read_text(path).splitlines(keepends=True):
       try:
         entry = json.loads(line)
-        entries.append((entry["a"], (tuple(entry["s"]), tuple(entry["e"]))))
+        pieces = tuple(((tuple(s), tuple(e)), str(d)) for s, e, d in entry.get("p", ()))
+        entries.append((entry["a"], (tuple(entry["s"]), tuple(entry["e"])), pieces))
       except (json.JSONDecodeError, KeyError, TypeError):
         break  # A torn last line: everything before it stands.
   return entries
 
 
-def _data_root(generation_dir: str, process: int) -> str | None:
-  """Where process `process` of the generation wrote its arrays: its own OCDBT database (never merged: the save
-  never finished)."""
+def _data_root(generation_dir: str, database: int | str) -> str | None:
+  """Where process `database` of the generation wrote its arrays, or the pieces of restoring hosts' parts named
+  `database` (`handlers.host_databases.database_name`): that OCDBT database (never merged: the save never
+  finished)."""
   for name in storage.list_names(generation_dir):
     if name.startswith(orbax_layout.ITEMS):
-      root = orbax_layout.process_database(storage.join(generation_dir, name), process)
+      root = orbax_layout.process_database(storage.join(generation_dir, name), database)
       if storage.exists(root):
         return root
   return None
@@ -108,6 +114,7 @@ class Salvaged:
 
   root: str
   metadata_root: str
+  pieces: tuple[tuple[Block, str], ...] = ()  # Written in pieces: each piece's region and root (`root` unused).
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,10 +172,10 @@ def _prepare_directory(destination: Destination, current: dict[str, Any], *, res
     for leftover in stale[1:]:
       storage.remove_tree(leftover)
     salvage, _ = _salvage(directory)
-    referenced = {where.root for where in salvage.values()}
+    referenced = {root for where in salvage.values() for root in (where.root, *(r for _, r in where.pieces))}
     for number, by_process in journals.items():
       generation_dir = storage.join(directory, f"gen-{number}")
-      if not any(_data_root(generation_dir, p) in referenced for p in by_process):
+      if not any(root.startswith(generation_dir + "/") for root in referenced):
         storage.remove_tree(generation_dir)
     return
   if warn:
@@ -193,8 +200,10 @@ def _salvage(directory: str) -> tuple[dict[tuple[str, Block], Salvaged], int]:
       root = _data_root(generation_dir, process)
       if root is None:
         continue
-      for key in _load_journal(paths):
-        salvage[key] = Salvaged(root, metadata_root)
+      for array_name, block, pieces in _load_journal(paths):
+        piece_roots = tuple((piece, _data_root(generation_dir, database)) for piece, database in pieces)
+        if all(piece_root is not None for _, piece_root in piece_roots):
+          salvage[array_name, block] = Salvaged(root, metadata_root, piece_roots)
   return salvage, (max(journals) + 1 if journals else 0)
 
 
@@ -299,7 +308,14 @@ class SalvagingLoader:
     where = self.salvaged.get((tuple(s.start for s in index), tuple(s.stop for s in index)))
     if where is not None:
       try:
-        return np.asarray(_open_salvaged(where, self.array_name)[index].read().result())
+        if not where.pieces:
+          return np.asarray(_open_salvaged(where, self.array_name)[index].read().result())
+        out = np.empty(tuple(s.stop - s.start for s in index), self.dtype)
+        for (start, stop), root in where.pieces:
+          within = tuple(slice(a - s.start, b - s.start) for a, b, s in zip(start, stop, index))
+          piece = _open_salvaged(dataclasses.replace(where, root=root), self.array_name)
+          out[within] = piece[tuple(slice(a, b) for a, b in zip(start, stop))].read().result()
+        return out
       except Exception:  # A block the journal lists but the database lost: recompute it.
         pass
     return self.inner.region(index)

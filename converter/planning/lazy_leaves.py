@@ -27,13 +27,13 @@ def _described(leaf: Leaf) -> str:
 
 def lazy_tensor(leaf: Leaf) -> LazyTensor:
   return LazyTensor(_described(leaf), leaf.shape, leaf.dtype, leaf.loader, leaf.chunk_shape, leaf.chunk_order,
-                    leaf.element_order)
+                    leaf.element_order, leaf.host_shape)
 
 
 def _sharded_lazy_tensor(leaf: Leaf, sharding: Any) -> ShardedLazyTensor:
   """`leaf` over devices: `sharding` is a JAX sharding, or `_DeviceShards` where only the block cut asks for it."""
   return ShardedLazyTensor(_described(leaf), leaf.shape, leaf.dtype, leaf.loader, sharding, leaf.chunk_shape,
-                           leaf.chunk_order, leaf.element_order)
+                           leaf.chunk_order, leaf.element_order, leaf.host_shape)
 
 
 def write_blocks(plan: Plan, max_inflight_bytes: int):

@@ -46,6 +46,7 @@ class Leaf:
   chunk_order: tuple[int, ...] | None = None  # Stored outermost axis first (`ChunkRule.chunk_order`); None: C.
   # Each stored chunk's elements, outermost axis first: the loader's layout (`loaders.in_source_order`); None: C.
   element_order: tuple[int, ...] | None = None
+  host_shape: Shape | None = None  # One restoring host's part, stored apart (`ChunkRule.host_shape`); None: none.
 
   @property
   def name(self) -> str:
@@ -386,7 +387,8 @@ def chunked(leaf: Leaf, rule: ChunkRule) -> Leaf:
   and undone by every restore (docs/loading-on-a-pod.md)."""
   axes = leaf.logical_axes or (None,) * len(leaf.shape)
   chunk_shape = rule.chunk_shape(leaf.shape, axes, leaf.dtype.itemsize)
-  leaf = dataclasses.replace(leaf, chunk_shape=chunk_shape, chunk_order=rule.chunk_order(axes))
+  leaf = dataclasses.replace(leaf, chunk_shape=chunk_shape, chunk_order=rule.chunk_order(axes),
+                             host_shape=rule.host_shape(leaf.shape, axes))
   in_source_order = (loaders.in_source_order(leaf.loader)
                      if chunk_shape is not None and rule.huggingface_element_order else None)
   if in_source_order is None:
