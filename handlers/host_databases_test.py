@@ -3,6 +3,7 @@ each block reported written (and its bytes given back to the budget) once its ro
 aborting its round and reaching the writer."""
 
 import asyncio
+from unittest import mock
 
 import tensorstore as ts
 from absl.testing import absltest
@@ -54,12 +55,11 @@ async def _run(blocks: list[tuple[int, tuple[str, ...], bool]], round_bytes: int
     rounds.append(len(closing.tasks))
     await commit(commit_rounds, closing)
 
-  host_databases.CommitRounds._commit = recorded
-  try:
-    def on_written(event: BlockWritten) -> None:
-      databases.reported(event)
-      reported.append(event.start[0])
+  def on_written(event: BlockWritten) -> None:
+    databases.reported(event)
+    reported.append(event.start[0])
 
+  with mock.patch.object(host_databases.CommitRounds, "_commit", recorded):
     commit_rounds = host_databases.CommitRounds(budget, round_bytes, on_written, tasks.append)
     for number, names, group_ends in blocks:
       await budget.acquire(1)
@@ -70,8 +70,6 @@ async def _run(blocks: list[tuple[int, tuple[str, ...], bool]], round_bytes: int
     except OSError as e:
       failure = e
     await asyncio.gather(*tasks, return_exceptions=True)
-  finally:
-    host_databases.CommitRounds._commit = commit
   return reported, rounds, budget, failure
 
 

@@ -181,29 +181,15 @@ class ChunkRule:
     two for every write block its shards touch, each holding every host's part."""
     if not (self.cut and self.target_mesh) or len(logical_axes) != len(shape):
       return None
-    sizes = dict(self.target_mesh)
-    names = [axis for axis, _ in self.target_mesh]
-    devices = math.prod(sizes.values())
-    if devices <= self.devices_per_host:
+    if math.prod(n for _, n in self.target_mesh) <= self.devices_per_host:
       return None
-    mapped = mesh_axes(logical_axes)
+    shard = self._target_chunk(shape, logical_axes)  # Each device's shard: one chunk of this grid.
     part = None
-    for host_start in range(0, devices, self.devices_per_host):
-      shards, low, high = set(), list(shape), [0] * len(shape)
-      for device in range(host_start, min(devices, host_start + self.devices_per_host)):
-        coordinates = dict(zip(names, _unravel(device, [sizes[a] for a in names])))
-        index = []
-        for axis, (n, axes) in enumerate(zip(shape, mapped)):
-          position, count = _shard_index(coordinates, sizes, axes)
-          if count == 1 or n % count:
-            position, count = 0, 1
-          extent = n // count
-          index.append(position)
-          low[axis], high[axis] = min(low[axis], position * extent), max(high[axis], (position + 1) * extent)
-        shards.add(tuple(index))
-      box = tuple(h - l for l, h in zip(low, high))
-      shard_elements = math.prod(self._target_chunk(shape, logical_axes))
-      if math.prod(box) != len(shards) * shard_elements or (part is not None and box != part):
+    for indices in _host_boxes(shape, shard, logical_axes, self.target_mesh, self.devices_per_host):
+      boxes = list(indices.values())
+      shards = [max(r[axis].stop for r in boxes) - min(r[axis].start for r in boxes) for axis in range(len(shape))]
+      box = tuple(n * s for n, s in zip(shards, shard))
+      if math.prod(shards) != len(indices) or (part is not None and box != part):
         return None  # A host's shards that are not one box, or hosts with parts of different shapes.
       part = box
     return None if part is None or part == tuple(shape) else part

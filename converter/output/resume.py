@@ -200,8 +200,12 @@ def _salvage(directory: str) -> tuple[dict[tuple[str, Block], Salvaged], int]:
       root = _data_root(generation_dir, process)
       if root is None:
         continue
+      databases: dict[str, str | None] = {}  # Each found once: a bucket lists and stats for every lookup.
       for array_name, block, pieces in _load_journal(paths):
-        piece_roots = tuple((piece, _data_root(generation_dir, database)) for piece, database in pieces)
+        for _, database in pieces:
+          if database not in databases:
+            databases[database] = _data_root(generation_dir, database)
+        piece_roots = tuple((piece, databases[database]) for piece, database in pieces)
         if all(piece_root is not None for _, piece_root in piece_roots):
           salvage[array_name, block] = Salvaged(root, metadata_root, piece_roots)
   return salvage, (max(journals) + 1 if journals else 0)
