@@ -18,7 +18,7 @@ import signal
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 # Set before numpy loads OpenBLAS, which otherwise starts a thread per core that spins before it sleeps: 0.1
 # CPU-s of every start-up, in every process (docs/memory-and-streaming.md). The converter multiplies no matrices.
@@ -259,7 +259,8 @@ def run() -> None:
   if FLAGS.direction == "to_huggingface":
     ignored = [f"--{name}" for name in _TO_MAXTEXT_ONLY if FLAGS[name].present]
     if ignored:
-      raise app.UsageError(f"{', '.join(ignored)} apply to --direction=to_maxtext only")
+      raise app.UsageError(f"{', '.join(ignored)} {'applies' if len(ignored) == 1 else 'apply'} to"
+                           " --direction=to_maxtext only")
     _run_to_huggingface()
   elif FLAGS["export"].present:
     raise app.UsageError("--export applies to --direction=to_huggingface only")
@@ -480,9 +481,33 @@ def _verify(plan, items_path: str, processes) -> None:
     raise ConversionError(f"{items_path}: --verify found {len(report.mismatches)} leaves that differ from the source")
 
 
+def _usage_error(reason: str) -> NoReturn:
+  """A misused flag: its reason in one line and where help is, instead of absl's usage (170 lines) before it."""
+  print(f"error: {' '.join(reason.split())} (see --help)", file=sys.stderr)
+  sys.exit(1)
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+  """absl's parsing, its errors (an unknown flag, a bad value, a validator's refusal) as `_usage_error`s."""
+  try:
+    return FLAGS(argv)
+  except flags.Error as e:
+    reason = str(e)
+    if reason.startswith("flags ") and ": --" in reason:  # A multi-flag validator's: every value, then the reason.
+      reason = reason[reason.index(": --") + 2:]
+    _usage_error(reason.removeprefix("flag "))
+
+
 def main(argv: list[str]) -> None:
+  try:
+    _main(argv)
+  except app.UsageError as e:
+    _usage_error(str(e))
+
+
+def _main(argv: list[str]) -> None:
   if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   gc.disable()  # Until start-up is done (_start_up_done): imports only add objects that live as long as we do.
   relayout = FLAGS.direction == "to_maxtext" and FLAGS.checkpoint_path
   malloc.configure(malloc.RELAYOUT_MMAP_THRESHOLD_BYTES if relayout else malloc.MMAP_THRESHOLD_BYTES)
@@ -509,4 +534,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=_parse_flags)

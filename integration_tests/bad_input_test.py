@@ -236,5 +236,36 @@ class BadMultimodalInputTest(_Variants):
       self.assertNotIn("vision_encoder", f.read())
 
 
+class MisusedFlagsTest(absltest.TestCase):
+  """A misused flag is refused before anything is read, in one line naming the flag and pointing to --help, exit 1:
+  not absl's usage (170 lines) before the reason."""
+
+  def test_each_misuse_is_one_line_naming_the_flag(self):
+    back = ("--direction=to_huggingface", "--checkpoint_path=/nowhere/0/items", "--output_dir=/nowhere/hf")
+    forward = ("--hf_model_path=/nowhere/model", "--output_dir=/nowhere/out")
+    cases = {  # The flags, and what the line must name.
+        "a way-there flag on the way back": ((*back, "--save_dtype=float32"), "--save_dtype applies to"),
+        "a way-back flag on the way there": ((*forward, "--export=lora_adapter"), "--export applies to"),
+        "a required flag left out": (("--output_dir=/nowhere/out",), "requires --hf_model_path"),
+        "two inputs": ((*forward, "--checkpoint_path=/nowhere/0/items"), "--hf_model_path or --checkpoint_path"),
+        "an unknown flag": ((*forward, "--save_dtpye=float32"), "'save_dtpye'"),
+        "a bad enum value": ((*forward, "--save_dtype=float16"), "--save_dtype=float16: value should be one of"),
+        "a bad integer": ((*forward, "--num_processes=two"), "--num_processes=two"),
+        "an integer out of range": ((*forward, "--zstd_level=99"), "--zstd_level=99"),
+        "a stray argument": ((*forward, "model.safetensors"), "unexpected arguments: model.safetensors"),
+    }
+    runs = {what: subprocess.Popen(harness.converter_command(*flags), env=harness.converter_env(),
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for what, (flags, _) in cases.items()}
+    for what, run in runs.items():
+      stdout, stderr = run.communicate(timeout=300)
+      with self.subTest(what):
+        self.assertEqual(run.returncode, 1, stderr)
+        self.assertEqual(stdout, "")
+        self.assertLen(stderr.splitlines(), 1, stderr)
+        self.assertRegex(stderr, r"^error: .+ \(see --help\)\n$")
+        self.assertIn(cases[what][1], stderr)
+
+
 if __name__ == "__main__":
   absltest.main()
