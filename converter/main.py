@@ -512,12 +512,14 @@ def _main(argv: list[str]) -> None:
   relayout = FLAGS.direction == "to_maxtext" and FLAGS.checkpoint_path
   malloc.configure(malloc.RELAYOUT_MMAP_THRESHOLD_BYTES if relayout else malloc.MMAP_THRESHOLD_BYTES)
   from converter import storage  # pylint: disable=g-import-not-at-top
+  from converter.storage import scratch  # pylint: disable=g-import-not-at-top
 
   storage.configure_emulator()  # Before tensorstore or gcsfs read their settings.
   storage.set_request_retries(FLAGS.storage_retries)
   if not FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)  # Orbax logs every step at INFO; -v=0 brings it back.
     logging.get_absl_handler().addFilter(library_logs.drop_library_tracebacks)
+  scratch.sweep()  # What killed runs left in TMPDIR (a Hub push's staged shards), logged at INFO.
   from converter.errors import ConversionError  # pylint: disable=g-import-not-at-top
 
   try:

@@ -21,14 +21,13 @@ import concurrent.futures
 import contextlib
 import os
 import re
-import shutil
-import tempfile
 import threading
 from typing import Any, Sequence
 
 from absl import logging
 
 from converter.errors import ConversionError
+from converter.storage import scratch
 
 SCHEME = "hf://"
 _URL = re.compile(r"hf://([A-Za-z0-9][\w.-]*/[\w.-]+)(?:@([^/\s]+))?/?")
@@ -93,6 +92,7 @@ class HubRepo:
     self._additions: list[Any] = []
     self._uploads: list[concurrent.futures.Future] = []
     self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+    self._staging: scratch.ScratchDirectory | None = None
 
   @property
   def _where(self) -> str:
@@ -121,7 +121,8 @@ class HubRepo:
 
   def stage(self, overwrite: bool, shared: bool) -> str:
     """Creates the repo and branch when missing, notes the head the commit will name and the checkpoint files an
-    --overwrite replaces; returns a local staging directory."""
+    --overwrite replaces; returns a local staging directory, in TMPDIR, that a killed push leaves for the next
+    run to remove (converter/storage/scratch.py)."""
     if shared:
       raise ConversionError(f"{self.path}: the way back to the Hub runs in one process (its single commit names"
                             " every shard); run it on one host, or write to gs:// from several and upload that")
@@ -142,7 +143,8 @@ class HubRepo:
                             " replace its weights in one commit (its other files are kept)")
     self._stale = existing
     self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="hf2maxtext-upload")
-    return tempfile.mkdtemp(prefix="hf2maxtext-hub-", dir=self._staging_parent)
+    self._staging = scratch.claim("hub", self._staging_parent)
+    return self._staging.path
 
   def shared_staging(self) -> str:
     raise ConversionError(f"{self.path}: the way back to the Hub runs in one process")
@@ -185,15 +187,20 @@ class HubRepo:
     self._call("committing", self._api.create_commit, self.repo_id, [*self._additions, *deletions],
                commit_message="Upload the checkpoint written back by hf2maxtext", revision=self.branch,
                parent_commit=self._parent_commit)
-    shutil.rmtree(staging, ignore_errors=True)
+    self._release_staging()
 
   def discard(self, staging: str) -> None:
     """A failed conversion: nothing committed; pending uploads cancelled (those sent stay in the Hub's storage,
     unreferenced, for a re-run to skip)."""
+    del staging  # The directory `stage` claimed.
     if self._pool is not None:
       for upload in self._uploads:
         upload.cancel()
       with contextlib.suppress(Exception):
         self._pool.shutdown(wait=True)
-    shutil.rmtree(staging, ignore_errors=True)
+    self._release_staging()
+
+  def _release_staging(self) -> None:
+    if self._staging is not None:
+      self._staging.release()
 
