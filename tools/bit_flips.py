@@ -17,10 +17,11 @@ import glob
 import os
 import random
 import shutil
-import tempfile
 from typing import Any, Callable, Sequence
 
 from absl import app, flags, logging
+
+from converter.storage import scratch
 
 OUTCOMES = ("silent", "raised", "harmless")
 
@@ -69,9 +70,9 @@ def run_trials(items_path: str, trials: int, restore: Callable[[str], Any],
   intact = restore(items_path)
   rng = random.Random(seed)
   counts: collections.Counter = collections.Counter({outcome: 0 for outcome in OUTCOMES})
-  with tempfile.TemporaryDirectory(prefix="bit-flips-", dir=os.environ.get("TEST_TMPDIR")) as scratch:
+  with scratch.directory("bit-flips", os.environ.get("TEST_TMPDIR")) as trials_dir:
     for trial in range(trials):
-      copy = os.path.join(scratch, str(trial))
+      copy = os.path.join(trials_dir, str(trial))
       shutil.copytree(step_dir, copy)
       apply_flip(copy, pick_flip(copy, rng))
       try:

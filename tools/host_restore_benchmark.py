@@ -31,7 +31,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
 from absl import app, flags
@@ -242,7 +241,9 @@ def main(argv: list[str]) -> None:
     os.makedirs(_from_where_run(FLAGS.work_dir), exist_ok=True)
     table = benchmark(_from_where_run(FLAGS.work_dir))
   else:
-    with tempfile.TemporaryDirectory(prefix="host-restore-") as work:
+    from converter.storage import scratch  # pylint: disable=g-import-not-at-top
+
+    with scratch.directory("host-restore-benchmark") as work:
       table = benchmark(work)
   print(table)
   if FLAGS.results_page:

@@ -45,7 +45,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 from typing import Callable
 
 from absl import app, flags
@@ -54,6 +53,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
+from converter.storage import scratch  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tools import benchmark_runner  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tools.process_sampling import run_sampled  # pylint: disable=g-import-not-at-top,wrong-import-position
 
@@ -465,7 +465,7 @@ def main(argv: list[str]) -> None:
   if FLAGS.work_dir:
     benchmark(FLAGS.work_dir)
   else:
-    with tempfile.TemporaryDirectory(prefix="restore_bench_") as work:
+    with scratch.directory("restore-benchmark") as work:
       benchmark(work)
 
 

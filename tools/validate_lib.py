@@ -4,7 +4,6 @@ restore onto the default backend's devices (and, on an accelerator, its forward 
 from __future__ import annotations
 
 import dataclasses
-import tempfile
 from typing import Any
 
 from absl import logging
@@ -14,6 +13,7 @@ import numpy as np
 from converter import families
 from converter.model_config import load_model_config
 from converter.checkpoint_format.record import ConversionRecord
+from converter.storage import scratch
 from tools import checkpoint_io, forward, quantize, weaver_checkpoint
 
 
@@ -117,10 +117,10 @@ def reference_logits(hf_model_path: str, ids: np.ndarray, weights_dtype: str = "
   from transformers.models.auto import modeling_auto  # pylint: disable=g-import-not-at-top
 
   if quantize.is_quantized(hf_model_path):
-    with tempfile.TemporaryDirectory() as plain:
+    with scratch.directory("validate") as plain:
       return reference_logits(quantize.dequantize(hf_model_path, plain), ids, weights_dtype)
   if weaver_checkpoint.is_weaver(hf_model_path):  # transformers has no Weaver: the Qwen3-VL it renames runs.
-    with tempfile.TemporaryDirectory() as renamed:
+    with scratch.directory("validate") as renamed:
       return reference_logits(weaver_checkpoint.as_qwen3_vl(hf_model_path, renamed), ids, weights_dtype)
 
   # Eager attention: the reference for sinks, sliding windows, chunks and sparse indexers alike. Multimodal wrappers
