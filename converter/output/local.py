@@ -152,6 +152,7 @@ class LocalDisk:
   def stage(self, overwrite: bool, shared: bool) -> str:
     """A fresh staging directory next to the output, with the usual mode (mkdtemp makes it 0700)."""
     output_dir = self.path
+    self._remove_dead_staging()
     if os.path.exists(output_dir) and not (os.path.isdir(output_dir) and not os.listdir(output_dir)):
       if not overwrite:
         raise ConversionError(f"{output_dir}: already exists and is not empty; pass --overwrite to replace it")
@@ -175,6 +176,21 @@ class LocalDisk:
 
   def finished_file(self, path: str) -> None:
     del path  # Published with the rest.
+
+  def _remove_dead_staging(self) -> None:
+    """The staging directories a killed way back left beside the output (the output's lock, held, says no live
+    conversion owns them), and an output a killed `publish` had already replaced. A staging directory beside
+    its `.old` was killed between `publish`'s two renames: both are kept, the new checkpoint whole in one and
+    the previous in the other, for the user to choose."""
+    prefix = os.path.join(os.path.dirname(self.path), f".{os.path.basename(self.path)}.hf2maxtext-tmp-")
+    for dead in glob.glob(glob.escape(prefix) + "*"):
+      if dead.endswith(".old"):
+        replaced = os.path.exists(self.path) and not os.path.exists(dead.removesuffix(".old"))
+        if not replaced:
+          continue
+      elif os.path.exists(dead + ".old"):
+        continue
+      shutil.rmtree(dead, ignore_errors=True)
 
   def discard(self, staging: str) -> None:
     storage.remove_tree(staging)

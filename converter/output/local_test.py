@@ -65,6 +65,17 @@ class StageTest(absltest.TestCase):
     self.assertEqual(disk.stage(overwrite=False, shared=True), disk.shared_staging())
     self.assertEqual(os.listdir(disk.shared_staging()), [])
 
+  def test_a_killed_way_backs_staging_goes_and_a_half_published_one_stays(self):
+    parent = _scratch()
+    disk = local.LocalDisk(os.path.join(parent, "out"))
+    os.makedirs(disk.path)
+    dead, replaced, mid_swap = (os.path.join(parent, f".out.hf2maxtext-tmp-{n}") for n in ("dead", "done", "swap"))
+    for path in (dead, replaced + ".old", mid_swap, mid_swap + ".old", os.path.join(parent, ".other.hf2maxtext-tmp-x")):
+      os.makedirs(path)
+    staging = disk.stage(overwrite=True, shared=False)
+    self.assertCountEqual(os.listdir(parent), ["out", os.path.basename(staging), os.path.basename(mid_swap),
+                                               os.path.basename(mid_swap) + ".old", ".other.hf2maxtext-tmp-x"])
+
   def test_publish_replaces_an_old_output_and_removes_it(self):
     parent = _scratch()
     output_dir, staging = os.path.join(parent, "out"), os.path.join(parent, ".out.tmp")

@@ -41,7 +41,8 @@ class ScratchTest(absltest.TestCase):
     self.assertEqual(os.listdir(self.parent), [])
 
   def test_what_is_not_a_dead_runs_directory_of_this_host_is_left(self):
-    kept = ["hf2maxtext-hub-1@another-host-abcd", "hf2maxtext-hub-abcd", "other-tmp", f"hf2maxtext-hub-2@{scratch._host()}-file"]  # pylint: disable=protected-access
+    this_host = scratch._host()  # pylint: disable=protected-access
+    kept = ["hf2maxtext-hub-1@another-host-abcd", "hf2maxtext-hub-abcd", "other-tmp", f"hf2maxtext-hub-2@{this_host}-f"]
     for name in kept[:3]:
       os.mkdir(os.path.join(self.parent, name))
     with open(os.path.join(self.parent, kept[3]), "w") as f:
