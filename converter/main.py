@@ -61,6 +61,9 @@ flags.DEFINE_string("checkpoint_path", None, "A MaxText checkpoint to read (OUTP
                     " to_huggingface: converted back. to_maxtext (instead of --hf_model_path): laid out again as a"
                     " params-only checkpoint with --scan_layers, --save_dtype and the chunk flags (ours, MaxText's"
                     " converter's, or a trainer's TrainState; docs/relayout.md).")
+flags.DEFINE_string("step", "latest", "--checkpoint_path naming a training run's checkpoint directory"
+                    " (RUN_DIR/<step>/items, or MaxText's RUN_DIR/checkpoints/<step>/items; local or gs://): the"
+                    " step to read, latest (the highest committed one) or a number (docs/reverse.md).")
 flags.DEFINE_enum("export", "model", ["model", "lora_adapter"], "to_huggingface: model: the HF checkpoint."
                   " lora_adapter: a MaxText LoRA checkpoint's qwix factors (kernel_lora_a / kernel_lora_b) as a PEFT"
                   " adapter directory (adapter_config.json + adapter_model.safetensors) for the base model of"
@@ -147,6 +150,13 @@ def _resolve(path: str) -> str:
   return storage.resolve(path)
 
 
+def _checkpoint_path() -> str:
+  """--checkpoint_path as one step's checkpoint: a run directory's --step chosen (checkpoint_format/steps.py)."""
+  from converter.checkpoint_format import steps  # pylint: disable=g-import-not-at-top
+
+  return steps.checkpoint_of(FLAGS.checkpoint_path, FLAGS.step, step_given=FLAGS["step"].present)
+
+
 def _model_path(value: str, adapter: bool = False, config_only: bool = False) -> str:
   """--hf_model_path (--lora_adapter_path with `adapter`): a bucket path, a local directory, or a Hub repo id
   resolved to the local HF cache (with `config_only`, only its config.json fetched)."""
@@ -213,11 +223,12 @@ def _run_to_huggingface() -> None:
   if FLAGS.export == "lora_adapter":
     _export_lora_adapter(options, run, start)
     return
-  result = to_huggingface.convert_to_huggingface(_resolve(FLAGS.checkpoint_path), _resolve(FLAGS.output_dir),
+  result = to_huggingface.convert_to_huggingface(_checkpoint_path(), _resolve(FLAGS.output_dir),
                                                  options, run)
   seconds = time.monotonic() - start
   plan = result.plan
   print(f"family:        {plan.family.name} ({plan.config.architecture}), from target model {plan.target_model}")
+  print(f"checkpoint:    {plan.items_path}")
   print(f"tensors:       {result.num_tensors} ({'scanned' if plan.scan_layers else 'unscanned'} checkpoint,"
         f" {plan.dtype.name})")
   print(f"bytes:         {result.total_bytes:,}")
@@ -241,7 +252,7 @@ def _run_to_huggingface() -> None:
 def _export_lora_adapter(options: ReverseOptions, run: RunContext, start: float) -> None:
   from converter.reverse import lora_adapter  # pylint: disable=g-import-not-at-top
 
-  export = lora_adapter.export_lora_adapter(_resolve(FLAGS.checkpoint_path), _resolve(FLAGS.output_dir), options, run)
+  export = lora_adapter.export_lora_adapter(_checkpoint_path(), _resolve(FLAGS.output_dir), options, run)
   print(f"family:        {export.family}, target model {export.target_model}")
   print(f"lora:          {len(export.modules)} modules, r {export.rank}, lora_alpha {export.alpha:g}"
         f" ({export.dtype.name})")
@@ -263,6 +274,8 @@ def run() -> None:
     _run_to_huggingface()
   elif FLAGS["export"].present:
     raise app.UsageError("--export applies to --direction=to_huggingface only")
+  elif FLAGS["step"].present and not FLAGS.checkpoint_path:
+    raise app.UsageError("--step selects a step of --checkpoint_path's run directory")
   elif hub_repo.is_hub(FLAGS.output_dir) or FLAGS["hub_private"].present:
     raise app.UsageError("--output_dir=hf://... (and --hub_private) are the way back's (--direction=to_huggingface):"
                          " a MaxText checkpoint is written to a disk or gs://")
@@ -301,7 +314,7 @@ def _plan() -> Plan:
     from converter.planning import relayout  # pylint: disable=g-import-not-at-top
 
     return relayout.plan_relayout(
-        _resolve(FLAGS.checkpoint_path), _plan_options(), family=FLAGS.family,
+        _checkpoint_path(), _plan_options(), family=FLAGS.family,
         hf_config_path=_resolve(FLAGS.hf_config_path) if FLAGS.hf_config_path else None,
         lora_checkpoint_path=_resolve(FLAGS.lora_checkpoint_path) if FLAGS.lora_checkpoint_path else None,
         lora_alpha=FLAGS.lora_alpha)
