@@ -247,6 +247,26 @@ def _run_to_huggingface() -> None:
           f" {len(result.files)} shards")
   for warning in result.warnings:
     print(f"warning:       {warning}")
+  if FLAGS.verify:
+    _verify_written(result, options)
+
+
+def _verify_written(result, options: ReverseOptions) -> None:
+  from converter.errors import ConversionError  # pylint: disable=g-import-not-at-top
+  from converter.progress import Progress  # pylint: disable=g-import-not-at-top
+  from converter.reverse.verify import verify_written  # pylint: disable=g-import-not-at-top
+
+  progress = Progress(enabled=FLAGS.progress, description="verifying")
+  progress.start(sum(t.nbytes for name, shard in zip(result.files, result.shards) if name in result.written_files
+                     for t in shard))
+  report = verify_written(result, options, on_piece=progress.advance)
+  progress.close()
+  print(f"verified:      {report.tensors} tensors, {report.bytes:,} bytes, {len(report.mismatches)} mismatches")
+  for mismatch in report.mismatches:
+    print(f"mismatch:      {mismatch}")
+  if report.mismatches:
+    raise ConversionError(f"{result.output_dir}: --verify found {len(report.mismatches)} differences from the"
+                          " checkpoint")
 
 
 def _export_lora_adapter(options: ReverseOptions, run: RunContext, start: float) -> None:
@@ -261,7 +281,7 @@ def _export_lora_adapter(options: ReverseOptions, run: RunContext, start: float)
 
 
 _TO_MAXTEXT_ONLY = ("scan_layers", "lazy_load_tensors", "simulated_cpu_devices_count", "save_dtype",
-                    "target_vocab_size", "allow_unused_tensors", "dry_run", "verify", "resume",
+                    "target_vocab_size", "allow_unused_tensors", "resume",
                     "keep_fp8", "revision", "compression", "zstd_level", "chunk_checksums", "lora_adapter_path",
                     "lora_adapter_revision", "lora_adapter_only")
 
@@ -271,6 +291,9 @@ def run() -> None:
     ignored = [f"--{name}" for name in _TO_MAXTEXT_ONLY if FLAGS[name].present]
     if ignored:
       raise app.UsageError(f"{', '.join(ignored)} apply to --direction=to_maxtext only")
+    if FLAGS.verify and (hub_repo.is_hub(FLAGS.output_dir) or FLAGS.export == "lora_adapter"):
+      raise app.UsageError("--verify re-reads a model written to a disk or gs://: not a Hub push (hf://; verify a"
+                           " local copy, then push it) nor --export=lora_adapter")
     _run_to_huggingface()
   elif FLAGS["export"].present:
     raise app.UsageError("--export applies to --direction=to_huggingface only")

@@ -56,6 +56,10 @@ class ToHuggingFaceResult:
   serving_files: tuple[str, ...] = ()  # Copied from the original model: tokenizer, chat template, ...
   serving_warnings: tuple[str, ...] = ()
   merged_lora: Any = None  # The LoRA checkpoint merged in (lora_export.AdapterExport), when --lora_checkpoint_path.
+  # What --verify recomputes: each file's tensors in the order written (all files, this process's or not), and the
+  # LoRA merge (lora_export.Merge) they were computed with.
+  shards: tuple[tuple[HfTensor, ...], ...] = ()
+  merge: Any = None
 
   @property
   def num_tensors(self) -> int:
@@ -129,7 +133,7 @@ def in_chunk_order(tensors: Sequence[HfTensor], reader: CheckpointReader) -> lis
   return ordered
 
 
-class _OpenLeaves:
+class OpenLeaves:
   """The stored arrays the pieces being read need, each with its chunk cache; safe to use from several threads."""
 
   def __init__(self, reader: CheckpointReader, read_cache_bytes: int):
@@ -155,7 +159,7 @@ class _OpenLeaves:
     return value
 
 
-def _piece(tensor: HfTensor, parts: tuple[HfPart, ...], leaves: _OpenLeaves, merge: Any = None) -> np.ndarray:
+def _piece(tensor: HfTensor, parts: tuple[HfPart, ...], leaves: OpenLeaves, merge: Any = None) -> np.ndarray:
   """One piece of `tensor`: its single part, or its fused parts each placed where the forward direction split it;
   with a LoRA `merge` (lora_export.Merge) that adapts it, plus the update."""
   if len(parts) == 1 and parts[0].split is None:
@@ -170,7 +174,7 @@ def _piece(tensor: HfTensor, parts: tuple[HfPart, ...], leaves: _OpenLeaves, mer
   return value if value.dtype == tensor.dtype else value.astype(tensor.dtype)
 
 
-class _ReadAhead:
+class ReadAhead:
   """The pieces of `items` (tensor, parts) in order, read by worker threads ahead of the caller, who writes them;
   at most `max_bytes` of pieces read (or being read) and not yet written at once (a larger piece still passes,
   alone).
@@ -188,7 +192,7 @@ class _ReadAhead:
 
   WORKERS = 16
 
-  def __init__(self, items: list[tuple[HfTensor, tuple[HfPart, ...]]], leaves: _OpenLeaves, max_bytes: int,
+  def __init__(self, items: list[tuple[HfTensor, tuple[HfPart, ...]]], leaves: OpenLeaves, max_bytes: int,
                merge: Any = None):
     self._items = items
     self._merge = merge
@@ -235,7 +239,7 @@ def _write_shards(reader: CheckpointReader, directory: str, shards: list[list[Hf
   owners = shares.owners([sum(t.spec.nbytes for t in shard) for shard in shards], processes.count)
   mine = [(name, shard) for name, shard, owner in zip(names, shards, owners) if owner == processes.index]
   items = [(tensor, parts) for _, shard in mine for tensor in shard for parts in tensor.pieces]
-  pieces = _ReadAhead(items, _OpenLeaves(reader, options.read_cache_bytes), options.read_ahead_bytes, merge)
+  pieces = ReadAhead(items, OpenLeaves(reader, options.read_cache_bytes), options.read_ahead_bytes, merge)
   try:
     arriving = iter(pieces)
     for file_name, shard in mine:
@@ -317,4 +321,5 @@ def convert_to_huggingface(checkpoint_path: str, output_dir: str, options: Rever
 
   HuggingFaceOutput(output_dir, run, hub_private=options.hub_private).write(write_shards, last_files)
   return ToHuggingFaceResult(plan, output_dir, tuple(names), plan.total_bytes, tuple(mine), tuple(serving),
-                             tuple(serving_warnings), merge.export if merge else None)
+                             tuple(serving_warnings), merge.export if merge else None,
+                             tuple(tuple(shard) for shard in shards), merge)
