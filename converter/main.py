@@ -201,16 +201,8 @@ def _run_context(**kwargs) -> RunContext:
   return RunContext(overwrite=FLAGS.overwrite, resume=FLAGS.resume, **kwargs)
 
 
-def _run_to_huggingface() -> None:
-  if _several_processes():  # JAX only joins them: arrays are read slice by slice into numpy, never onto devices.
-    _start_jax(1, distributed=True)
-  from converter.reverse import to_huggingface  # pylint: disable=g-import-not-at-top
-
-  _start_up_done()
-
-  start = time.monotonic()
-  run = _run_context()
-  options = ReverseOptions(
+def _reverse_options() -> ReverseOptions:
+  return ReverseOptions(
       max_shard_size=FLAGS.max_shard_size,
       family=FLAGS.family,
       hf_config_path=_resolve(FLAGS.hf_config_path) if FLAGS.hf_config_path else None,
@@ -220,6 +212,40 @@ def _run_to_huggingface() -> None:
       lora_checkpoint_path=_resolve(FLAGS.lora_checkpoint_path) if FLAGS.lora_checkpoint_path else None,
       hub_private=FLAGS.hub_private,
   )
+
+
+def _dry_run_to_huggingface() -> None:
+  """--dry_run on the way back: reads the checkpoint's metadata only, writes nothing (not even the output's lock),
+  asks nothing of the Hub."""
+  import psutil  # pylint: disable=g-import-not-at-top
+  from converter import storage  # pylint: disable=g-import-not-at-top
+  from converter.reverse import dry_run, to_huggingface  # pylint: disable=g-import-not-at-top
+
+  if FLAGS.export == "lora_adapter":
+    raise app.UsageError("--dry_run plans a model written back, not --export=lora_adapter (an adapter's few"
+                         " factors: write it)")
+  _start_up_done()
+  options = _reverse_options()
+  way_back = to_huggingface.plan_way_back(_checkpoint_path(), options)
+  print(dry_run.describe(way_back, options, baseline_bytes=psutil.Process().memory_info().rss))
+  output_dir = _resolve(FLAGS.output_dir)
+  if not hub_repo.is_hub(output_dir) and storage.list_names(output_dir) and not FLAGS.overwrite:
+    print(f"warning: {output_dir} exists and is not empty; the conversion will refuse it without --overwrite")
+
+
+def _run_to_huggingface() -> None:
+  if FLAGS.dry_run:
+    _dry_run_to_huggingface()
+    return
+  if _several_processes():  # JAX only joins them: arrays are read slice by slice into numpy, never onto devices.
+    _start_jax(1, distributed=True)
+  from converter.reverse import to_huggingface  # pylint: disable=g-import-not-at-top
+
+  _start_up_done()
+
+  start = time.monotonic()
+  run = _run_context()
+  options = _reverse_options()
   if FLAGS.export == "lora_adapter":
     _export_lora_adapter(options, run, start)
     return
@@ -291,6 +317,8 @@ def run() -> None:
     ignored = [f"--{name}" for name in _TO_MAXTEXT_ONLY if FLAGS[name].present]
     if ignored:
       raise app.UsageError(f"{', '.join(ignored)} apply to --direction=to_maxtext only")
+    if FLAGS.dry_run and FLAGS.verify:
+      raise app.UsageError("--dry_run writes nothing for --verify to read")
     if FLAGS.verify and (hub_repo.is_hub(FLAGS.output_dir) or FLAGS.export == "lora_adapter"):
       raise app.UsageError("--verify re-reads a model written to a disk or gs://: not a Hub push (hf://; verify a"
                            " local copy, then push it) nor --export=lora_adapter")
