@@ -89,6 +89,9 @@ flags.DEFINE_integer("target_vocab_size", None, "Zero-pad the vocabulary to this
 flags.DEFINE_boolean("allow_unused_tensors", False, "Warn about, rather than refuse, tensors the family does not use.")
 flags.DEFINE_integer("max_inflight_bytes", 128 << 20, "Most bytes of materialised blocks alive at once while saving"
                      " (to_huggingface: of pieces read ahead of the writes).")
+flags.DEFINE_boolean("inspect", False, "With --checkpoint_path: print what the MaxText checkpoint holds (a run"
+                     " directory's steps, every leaf's shape, dtype, chunks and codecs, the layout, the conversion"
+                     " record) from its metadata, and exit; no --output_dir (docs/reverse.md).")
 flags.DEFINE_boolean("dry_run", False, "Read only config.json and the safetensors headers; print the plan and exit.")
 flags.DEFINE_boolean("verify", False, "After saving, re-read every leaf block by block and compare with the source.")
 flags.DEFINE_boolean("resume", False, "Continue an interrupted conversion into OUTPUT_DIR from what it wrote durably.")
@@ -131,8 +134,12 @@ flags.DEFINE_integer("process_id", 0, "This process's index among --num_processe
 flags.DEFINE_boolean("progress", True, "Progress bar on stderr (bytes, throughput, time left, RSS) when it is a terminal.")
 
 
-@flags.multi_flags_validator(["direction", "hf_model_path", "checkpoint_path", "output_dir"])
+@flags.multi_flags_validator(["direction", "hf_model_path", "checkpoint_path", "output_dir", "inspect"])
 def _required_for_direction(values: dict) -> bool:
+  if values["inspect"]:
+    if not values["checkpoint_path"]:
+      raise flags.ValidationError("--inspect reads --checkpoint_path")
+    return True
   required = {"to_maxtext": ["hf_model_path", "output_dir"], "to_huggingface": ["checkpoint_path", "output_dir"]}
   if values["direction"] == "to_maxtext" and values["checkpoint_path"]:
     if values["hf_model_path"]:
@@ -313,7 +320,11 @@ _TO_MAXTEXT_ONLY = ("scan_layers", "lazy_load_tensors", "simulated_cpu_devices_c
 
 
 def run() -> None:
-  if FLAGS.direction == "to_huggingface":
+  if FLAGS.inspect:
+    from converter.reverse import inspection  # pylint: disable=g-import-not-at-top
+
+    print(inspection.describe_checkpoint(FLAGS.checkpoint_path, FLAGS.step, step_given=FLAGS["step"].present))
+  elif FLAGS.direction == "to_huggingface":
     ignored = [f"--{name}" for name in _TO_MAXTEXT_ONLY if FLAGS[name].present]
     if ignored:
       raise app.UsageError(f"{', '.join(ignored)} apply to --direction=to_maxtext only")

@@ -19,11 +19,11 @@ from converter.reverse.reverse_plan import HfPart, HfTensor
 from converter.reverse.safetensors_output import INDEX_FILE
 from converter.reverse.to_huggingface import ReadAhead, WayBack
 
-# Fitted to the peaks measured beside the prediction (docs/reverse.md): each byte read ahead is held about twice
-# (the piece and the copy a transform or a dtype cast makes of it), plus what the writer holds whatever the budget
-# (the worker threads' arenas, TensorStore's open stores).
+# Set so that the prediction bounds the peaks measured beside it (docs/reverse.md): each byte read ahead is held
+# about twice (the piece, and the contiguous copy the writer makes of a transposed one), plus what the reads hold
+# whatever the budget (the worker threads' arenas and read buffers, TensorStore's open stores).
 INFLIGHT_OVERHEAD = 2.0
-WRITER_BYTES = 24 << 20
+WRITER_BYTES = 48 << 20
 
 
 def _human(n: float) -> str:
