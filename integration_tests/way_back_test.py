@@ -91,9 +91,10 @@ class WayBackTest(absltest.TestCase):
     self.assertIn(f"checkpoint:        {self.run_dir}/checkpoints/200/items", result.stdout)
     self.assertIn("storage:           OCDBT, zarr3, 14 arrays", result.stdout)
     self.assertIn("layers:            scanned (stacked)", result.stdout)
-    self.assertIn("family:            qwen3 (Qwen3ForCausalLM), target model qwen3, saved as bfloat16", result.stdout)
-    self.assertRegex(result.stdout, r"decoder/layers/mlp/wo/kernel +\(512, 8, 256\) +bfloat16 +\(512, 1, \d+\) +\(512, 8, 256\)"
-                                    r" +transpose\(1, 2, 0\)\+zstd\(1\)\+checksum")
+    self.assertIn("family:            qwen3 (Qwen3ForCausalLM), target model qwen3, saved as bfloat16",
+                  result.stdout)
+    self.assertRegex(result.stdout, r"decoder/layers/mlp/wo/kernel +\(512, 8, 256\) +bfloat16 +\(512, 1, \d+\)"
+                                    r" +\(512, 8, 256\) +transpose\(1, 2, 0\)\+zstd\(1\)\+checksum")
 
 
 def _tensor_names(path: str) -> list[str]:

@@ -15,7 +15,8 @@ MIB = 1 << 20
 
 def _way_back(leaves: dict[str, tuple[int, int]], tensors: list[tuple[str, str, int]]):
   """Leaves name -> (bytes, chunk bytes), float32 1-D; tensors (name, leaf, bytes), one piece each, one shard."""
-  arrays = {(leaf,): StoredArray((leaf,), leaf, (size // 4,), np.dtype(np.float32)) for leaf, (size, _) in leaves.items()}
+  arrays = {(leaf,): StoredArray((leaf,), leaf, (size // 4,), np.dtype(np.float32))
+            for leaf, (size, _) in leaves.items()}
   reader = mock.Mock(arrays=arrays, chunk_shape=lambda array: (leaves[array.name][1] // 4,))
   shard = tuple(HfTensor(name, (size // 4,), np.dtype(np.float32), ((HfPart((leaf,), (), (), None),),), False, True)
                 for name, leaf, size in tensors)

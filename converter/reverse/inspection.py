@@ -1,6 +1,7 @@
 """`--inspect`: what a MaxText checkpoint holds, before converting it, from its metadata alone: a run directory's
-steps, the step's leaves (path, shape, dtype, stored chunk and block, codecs: element order, compression, checksum), its layout (Orbax's
-storage format, scanned or not, the chunking rule) and the conversion record (family, original model, overrides)."""
+steps, the step's leaves (path, shape, dtype, stored chunk and block, codecs: element order, compression,
+checksum), its layout (Orbax's storage format, scanned or not, the chunking rule) and the conversion record
+(family, original model, overrides)."""
 
 from __future__ import annotations
 
@@ -47,7 +48,8 @@ def _record_lines(record: ConversionRecord) -> list[str]:
             " back needs --hf_config_path=<the original model's directory>"]
   original = Original.of_record(record.hf_source)
   config: Any = record.hf_config if isinstance(record.hf_config, dict) else {}
-  overrides = " ".join(f"{k}={json.dumps(v, separators=(',', ':'))}" for k, v in (record.maxtext_overrides or {}).items())
+  overrides = " ".join(f"{k}={json.dumps(v, separators=(',', ':'))}"
+                       for k, v in (record.maxtext_overrides or {}).items())
   lines = [f"family:            {record.family} ({record.hf_architecture}), target model {record.target_model},"
            f" saved as {record.save_dtype}",
            f"original:          {original.describe() if original else 'not recorded'}"
@@ -55,8 +57,9 @@ def _record_lines(record: ConversionRecord) -> list[str]:
            f"quantized source:  {record.quant_method or 'no'}" + (f", fp8 kept: {record.fp8}" if record.fp8 else ""),
            f"MaxText overrides: {overrides or 'none recorded'}"]
   if record.lora_adapter:
-    lines.append(f"lora merged:       {record.lora_adapter.get('path') or record.lora_adapter.get('lora_checkpoint_path')}"
-                 f" (r {record.lora_adapter.get('r')}, lora_alpha {record.lora_adapter.get('lora_alpha')})")
+    lora = record.lora_adapter
+    lines.append(f"lora merged:       {lora.get('path') or lora.get('lora_checkpoint_path')} (r {lora.get('r')},"
+                 f" lora_alpha {lora.get('lora_alpha')})")
   lines.append("hf2maxtext version: not recorded (no record carries one)")
   return lines
 
@@ -91,5 +94,6 @@ def describe_checkpoint(checkpoint_path: str, step: str = steps.LATEST, step_giv
   lines += ["", f"{'leaf':{width}}  {'shape':22}  {'dtype':8}  {'chunk':22}  {'stored block':22}  chunk codecs"]
   for key, array in sorted(reader.arrays.items()):
     lines.append(f"{names[key]:{width}}  {str(array.shape):22}  {array.dtype.name:8}"
-                 f"  {str(reader.chunk_shape(array)):22}  {str(reader.block_shape(array)):22}  {_codecs(reader, array)}")
+                 f"  {str(reader.chunk_shape(array)):22}  {str(reader.block_shape(array)):22}"
+                 f"  {_codecs(reader, array)}")
   return "\n".join(lines)
