@@ -61,6 +61,9 @@ flags.DEFINE_string("checkpoint_path", None, "A MaxText checkpoint to read (OUTP
                     " to_huggingface: converted back. to_maxtext (instead of --hf_model_path): laid out again as a"
                     " params-only checkpoint with --scan_layers, --save_dtype and the chunk flags (ours, MaxText's"
                     " converter's, or a trainer's TrainState; docs/relayout.md).")
+flags.DEFINE_string("step", "latest", "--checkpoint_path naming a training run's checkpoint directory"
+                    " (RUN_DIR/<step>/items, or MaxText's RUN_DIR/checkpoints/<step>/items; local or gs://): the"
+                    " step to read, latest (the highest committed one) or a number (docs/reverse.md).")
 flags.DEFINE_enum("export", "model", ["model", "lora_adapter"], "to_huggingface: model: the HF checkpoint."
                   " lora_adapter: a MaxText LoRA checkpoint's qwix factors (kernel_lora_a / kernel_lora_b) as a PEFT"
                   " adapter directory (adapter_config.json + adapter_model.safetensors) for the base model of"
@@ -86,6 +89,9 @@ flags.DEFINE_integer("target_vocab_size", None, "Zero-pad the vocabulary to this
 flags.DEFINE_boolean("allow_unused_tensors", False, "Warn about, rather than refuse, tensors the family does not use.")
 flags.DEFINE_integer("max_inflight_bytes", 128 << 20, "Most bytes of materialised blocks alive at once while saving"
                      " (to_huggingface: of pieces read ahead of the writes).")
+flags.DEFINE_boolean("inspect", False, "With --checkpoint_path: print what the MaxText checkpoint holds (a run"
+                     " directory's steps, every leaf's shape, dtype, chunks and codecs, the layout, the conversion"
+                     " record) from its metadata, and exit; no --output_dir (docs/reverse.md).")
 flags.DEFINE_boolean("dry_run", False, "Read only config.json and the safetensors headers; print the plan and exit.")
 flags.DEFINE_boolean("verify", False, "After saving, re-read every leaf block by block and compare with the source.")
 flags.DEFINE_boolean("resume", False, "Continue an interrupted conversion into OUTPUT_DIR from what it wrote durably.")
@@ -128,8 +134,12 @@ flags.DEFINE_integer("process_id", 0, "This process's index among --num_processe
 flags.DEFINE_boolean("progress", True, "Progress bar on stderr (bytes, throughput, time left, RSS) when it is a terminal.")
 
 
-@flags.multi_flags_validator(["direction", "hf_model_path", "checkpoint_path", "output_dir"])
+@flags.multi_flags_validator(["direction", "hf_model_path", "checkpoint_path", "output_dir", "inspect"])
 def _required_for_direction(values: dict) -> bool:
+  if values["inspect"]:
+    if not values["checkpoint_path"]:
+      raise flags.ValidationError("--inspect reads --checkpoint_path")
+    return True
   required = {"to_maxtext": ["hf_model_path", "output_dir"], "to_huggingface": ["checkpoint_path", "output_dir"]}
   if values["direction"] == "to_maxtext" and values["checkpoint_path"]:
     if values["hf_model_path"]:
@@ -145,6 +155,13 @@ def _resolve(path: str) -> str:
   from converter import storage  # pylint: disable=g-import-not-at-top
 
   return storage.resolve(path)
+
+
+def _checkpoint_path() -> str:
+  """--checkpoint_path as one step's checkpoint: a run directory's --step chosen (checkpoint_format/steps.py)."""
+  from converter.checkpoint_format import steps  # pylint: disable=g-import-not-at-top
+
+  return steps.checkpoint_of(FLAGS.checkpoint_path, FLAGS.step, step_given=FLAGS["step"].present)
 
 
 def _model_path(value: str, adapter: bool = False, config_only: bool = False) -> str:
@@ -191,16 +208,8 @@ def _run_context(**kwargs) -> RunContext:
   return RunContext(overwrite=FLAGS.overwrite, resume=FLAGS.resume, **kwargs)
 
 
-def _run_to_huggingface() -> None:
-  if _several_processes():  # JAX only joins them: arrays are read slice by slice into numpy, never onto devices.
-    _start_jax(1, distributed=True)
-  from converter.reverse import to_huggingface  # pylint: disable=g-import-not-at-top
-
-  _start_up_done()
-
-  start = time.monotonic()
-  run = _run_context()
-  options = ReverseOptions(
+def _reverse_options() -> ReverseOptions:
+  return ReverseOptions(
       max_shard_size=FLAGS.max_shard_size,
       family=FLAGS.family,
       hf_config_path=_resolve(FLAGS.hf_config_path) if FLAGS.hf_config_path else None,
@@ -210,14 +219,49 @@ def _run_to_huggingface() -> None:
       lora_checkpoint_path=_resolve(FLAGS.lora_checkpoint_path) if FLAGS.lora_checkpoint_path else None,
       hub_private=FLAGS.hub_private,
   )
+
+
+def _dry_run_to_huggingface() -> None:
+  """--dry_run on the way back: reads the checkpoint's metadata only, writes nothing (not even the output's lock),
+  asks nothing of the Hub."""
+  import psutil  # pylint: disable=g-import-not-at-top
+  from converter import storage  # pylint: disable=g-import-not-at-top
+  from converter.reverse import dry_run, to_huggingface  # pylint: disable=g-import-not-at-top
+
+  if FLAGS.export == "lora_adapter":
+    raise app.UsageError("--dry_run plans a model written back, not --export=lora_adapter (an adapter's few"
+                         " factors: write it)")
+  _start_up_done()
+  options = _reverse_options()
+  way_back = to_huggingface.plan_way_back(_checkpoint_path(), options)
+  print(dry_run.describe(way_back, options, baseline_bytes=psutil.Process().memory_info().rss))
+  output_dir = _resolve(FLAGS.output_dir)
+  if not hub_repo.is_hub(output_dir) and storage.list_names(output_dir) and not FLAGS.overwrite:
+    print(f"warning: {output_dir} exists and is not empty; the conversion will refuse it without --overwrite")
+
+
+def _run_to_huggingface() -> None:
+  if FLAGS.dry_run:
+    _dry_run_to_huggingface()
+    return
+  if _several_processes():  # JAX only joins them: arrays are read slice by slice into numpy, never onto devices.
+    _start_jax(1, distributed=True)
+  from converter.reverse import to_huggingface  # pylint: disable=g-import-not-at-top
+
+  _start_up_done()
+
+  start = time.monotonic()
+  run = _run_context()
+  options = _reverse_options()
   if FLAGS.export == "lora_adapter":
     _export_lora_adapter(options, run, start)
     return
-  result = to_huggingface.convert_to_huggingface(_resolve(FLAGS.checkpoint_path), _resolve(FLAGS.output_dir),
+  result = to_huggingface.convert_to_huggingface(_checkpoint_path(), _resolve(FLAGS.output_dir),
                                                  options, run)
   seconds = time.monotonic() - start
   plan = result.plan
   print(f"family:        {plan.family.name} ({plan.config.architecture}), from target model {plan.target_model}")
+  print(f"checkpoint:    {plan.items_path}")
   print(f"tensors:       {result.num_tensors} ({'scanned' if plan.scan_layers else 'unscanned'} checkpoint,"
         f" {plan.dtype.name})")
   print(f"bytes:         {result.total_bytes:,}")
@@ -236,12 +280,32 @@ def _run_to_huggingface() -> None:
           f" {len(result.files)} shards")
   for warning in result.warnings:
     print(f"warning:       {warning}")
+  if FLAGS.verify:
+    _verify_written(result, options)
+
+
+def _verify_written(result, options: ReverseOptions) -> None:
+  from converter.errors import ConversionError  # pylint: disable=g-import-not-at-top
+  from converter.progress import Progress  # pylint: disable=g-import-not-at-top
+  from converter.reverse.verify import verify_written  # pylint: disable=g-import-not-at-top
+
+  progress = Progress(enabled=FLAGS.progress, description="verifying")
+  progress.start(sum(t.nbytes for name, shard in zip(result.files, result.shards) if name in result.written_files
+                     for t in shard))
+  report = verify_written(result, options, on_piece=progress.advance)
+  progress.close()
+  print(f"verified:      {report.tensors} tensors, {report.bytes:,} bytes, {len(report.mismatches)} mismatches")
+  for mismatch in report.mismatches:
+    print(f"mismatch:      {mismatch}")
+  if report.mismatches:
+    raise ConversionError(f"{result.output_dir}: --verify found {len(report.mismatches)} differences from the"
+                          " checkpoint")
 
 
 def _export_lora_adapter(options: ReverseOptions, run: RunContext, start: float) -> None:
   from converter.reverse import lora_adapter  # pylint: disable=g-import-not-at-top
 
-  export = lora_adapter.export_lora_adapter(_resolve(FLAGS.checkpoint_path), _resolve(FLAGS.output_dir), options, run)
+  export = lora_adapter.export_lora_adapter(_checkpoint_path(), _resolve(FLAGS.output_dir), options, run)
   print(f"family:        {export.family}, target model {export.target_model}")
   print(f"lora:          {len(export.modules)} modules, r {export.rank}, lora_alpha {export.alpha:g}"
         f" ({export.dtype.name})")
@@ -250,20 +314,31 @@ def _export_lora_adapter(options: ReverseOptions, run: RunContext, start: float)
 
 
 _TO_MAXTEXT_ONLY = ("scan_layers", "lazy_load_tensors", "simulated_cpu_devices_count", "save_dtype",
-                    "target_vocab_size", "allow_unused_tensors", "dry_run", "verify", "resume",
+                    "target_vocab_size", "allow_unused_tensors", "resume",
                     "keep_fp8", "revision", "compression", "zstd_level", "chunk_checksums", "lora_adapter_path",
                     "lora_adapter_revision", "lora_adapter_only")
 
 
 def run() -> None:
-  if FLAGS.direction == "to_huggingface":
+  if FLAGS.inspect:
+    from converter.reverse import inspection  # pylint: disable=g-import-not-at-top
+
+    print(inspection.describe_checkpoint(FLAGS.checkpoint_path, FLAGS.step, step_given=FLAGS["step"].present))
+  elif FLAGS.direction == "to_huggingface":
     ignored = [f"--{name}" for name in _TO_MAXTEXT_ONLY if FLAGS[name].present]
     if ignored:
       raise app.UsageError(f"{', '.join(ignored)} {'applies' if len(ignored) == 1 else 'apply'} to"
                            " --direction=to_maxtext only")
+    if FLAGS.dry_run and FLAGS.verify:
+      raise app.UsageError("--dry_run writes nothing for --verify to read")
+    if FLAGS.verify and (hub_repo.is_hub(FLAGS.output_dir) or FLAGS.export == "lora_adapter"):
+      raise app.UsageError("--verify re-reads a model written to a disk or gs://: not a Hub push (hf://; verify a"
+                           " local copy, then push it) nor --export=lora_adapter")
     _run_to_huggingface()
   elif FLAGS["export"].present:
     raise app.UsageError("--export applies to --direction=to_huggingface only")
+  elif FLAGS["step"].present and not FLAGS.checkpoint_path:
+    raise app.UsageError("--step selects a step of --checkpoint_path's run directory")
   elif hub_repo.is_hub(FLAGS.output_dir) or FLAGS["hub_private"].present:
     raise app.UsageError("--output_dir=hf://... (and --hub_private) are the way back's (--direction=to_huggingface):"
                          " a MaxText checkpoint is written to a disk or gs://")
@@ -302,7 +377,7 @@ def _plan() -> Plan:
     from converter.planning import relayout  # pylint: disable=g-import-not-at-top
 
     return relayout.plan_relayout(
-        _resolve(FLAGS.checkpoint_path), _plan_options(), family=FLAGS.family,
+        _checkpoint_path(), _plan_options(), family=FLAGS.family,
         hf_config_path=_resolve(FLAGS.hf_config_path) if FLAGS.hf_config_path else None,
         lora_checkpoint_path=_resolve(FLAGS.lora_checkpoint_path) if FLAGS.lora_checkpoint_path else None,
         lora_alpha=FLAGS.lora_alpha)

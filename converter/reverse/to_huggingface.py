@@ -56,6 +56,10 @@ class ToHuggingFaceResult:
   serving_files: tuple[str, ...] = ()  # Copied from the original model: tokenizer, chat template, ...
   serving_warnings: tuple[str, ...] = ()
   merged_lora: Any = None  # The LoRA checkpoint merged in (lora_export.AdapterExport), when --lora_checkpoint_path.
+  # What --verify recomputes: each file's tensors in the order written (all files, this process's or not), and the
+  # LoRA merge (lora_export.Merge) they were computed with.
+  shards: tuple[tuple[HfTensor, ...], ...] = ()
+  merge: Any = None
 
   @property
   def num_tensors(self) -> int:
@@ -129,7 +133,7 @@ def in_chunk_order(tensors: Sequence[HfTensor], reader: CheckpointReader) -> lis
   return ordered
 
 
-class _OpenLeaves:
+class OpenLeaves:
   """The stored arrays the pieces being read need, each with its chunk cache; safe to use from several threads."""
 
   def __init__(self, reader: CheckpointReader, read_cache_bytes: int):
@@ -155,7 +159,7 @@ class _OpenLeaves:
     return value
 
 
-def _piece(tensor: HfTensor, parts: tuple[HfPart, ...], leaves: _OpenLeaves, merge: Any = None) -> np.ndarray:
+def _piece(tensor: HfTensor, parts: tuple[HfPart, ...], leaves: OpenLeaves, merge: Any = None) -> np.ndarray:
   """One piece of `tensor`: its single part, or its fused parts each placed where the forward direction split it;
   with a LoRA `merge` (lora_export.Merge) that adapts it, plus the update."""
   if len(parts) == 1 and parts[0].split is None:
@@ -170,7 +174,7 @@ def _piece(tensor: HfTensor, parts: tuple[HfPart, ...], leaves: _OpenLeaves, mer
   return value if value.dtype == tensor.dtype else value.astype(tensor.dtype)
 
 
-class _ReadAhead:
+class ReadAhead:
   """The pieces of `items` (tensor, parts) in order, read by worker threads ahead of the caller, who writes them;
   at most `max_bytes` of pieces read (or being read) and not yet written at once (a larger piece still passes,
   alone).
@@ -188,7 +192,7 @@ class _ReadAhead:
 
   WORKERS = 16
 
-  def __init__(self, items: list[tuple[HfTensor, tuple[HfPart, ...]]], leaves: _OpenLeaves, max_bytes: int,
+  def __init__(self, items: list[tuple[HfTensor, tuple[HfPart, ...]]], leaves: OpenLeaves, max_bytes: int,
                merge: Any = None):
     self._items = items
     self._merge = merge
@@ -235,7 +239,7 @@ def _write_shards(reader: CheckpointReader, directory: str, shards: list[list[Hf
   owners = shares.owners([sum(t.spec.nbytes for t in shard) for shard in shards], processes.count)
   mine = [(name, shard) for name, shard, owner in zip(names, shards, owners) if owner == processes.index]
   items = [(tensor, parts) for _, shard in mine for tensor in shard for parts in tensor.pieces]
-  pieces = _ReadAhead(items, _OpenLeaves(reader, options.read_cache_bytes), options.read_ahead_bytes, merge)
+  pieces = ReadAhead(items, OpenLeaves(reader, options.read_cache_bytes), options.read_ahead_bytes, merge)
   try:
     arriving = iter(pieces)
     for file_name, shard in mine:
@@ -269,23 +273,27 @@ def check_constants(plan: ReversePlan, reader: CheckpointReader, cache_bytes: in
           " changing the model")
 
 
-def convert_to_huggingface(checkpoint_path: str, output_dir: str, options: ReverseOptions = ReverseOptions(),
-                           run: RunContext = RunContext()) -> ToHuggingFaceResult:
-  """Writes `checkpoint_path` (OUT/0/items) as an HF checkpoint directory `output_dir`; see the module docstring.
+@dataclasses.dataclass(frozen=True)
+class WayBack:
+  """What a conversion back writes, planned from the checkpoint's metadata alone (no weight read): the plan, the
+  files in order with the tensors each holds (in the order written), and a LoRA checkpoint merged in."""
 
-  With several processes each writes its share of the shards into the output (converter/output/huggingface.py).
-  """
+  plan: ReversePlan
+  reader: CheckpointReader
+  shards: tuple[tuple[HfTensor, ...], ...]
+  names: tuple[str, ...]
+  merge: Any = None  # lora_export.Merge, with --lora_checkpoint_path.
+
+
+def plan_way_back(checkpoint_path: str, options: ReverseOptions) -> WayBack:
+  """`checkpoint_path`'s way back, as convert_to_huggingface writes it and --dry_run describes it."""
   limit = parse_size(options.max_shard_size)
-  output_dir = storage.resolve(output_dir)
   from converter.sources.checkpoint_reader import CheckpointReader  # pylint: disable=g-import-not-at-top
 
   items_path = items_path_of(checkpoint_path)
   reader = CheckpointReader(items_path, dequantize_fp8=True)
   plan = plan_to_huggingface(items_path, family=options.family, hf_config_path=options.hf_config_path,
                              target_model=options.target_model, reader=reader)
-  for warning in plan.warnings:
-    logging.warning("%s", warning)
-  check_constants(plan, reader, options.read_cache_bytes)
   merge = None
   if options.lora_checkpoint_path:
     from converter.lora import lora_export  # pylint: disable=g-import-not-at-top
@@ -296,12 +304,26 @@ def convert_to_huggingface(checkpoint_path: str, output_dir: str, options: Rever
     if unmerged:
       raise ConversionError(f"{merge.export.items_path}: LoRA factors for {', '.join(unmerged[:3])}, which the base"
                             f" {items_path} does not write back as one (out, in) weight")
+  tensors = in_chunk_order(plan.tensors, reader)
+  shards = tuple(tuple(tensors[i] for i in shard) for shard in assign_shards([t.spec for t in tensors], limit))
+  return WayBack(plan, reader, shards, tuple(shard_names(len(shards))), merge)
+
+
+def convert_to_huggingface(checkpoint_path: str, output_dir: str, options: ReverseOptions = ReverseOptions(),
+                           run: RunContext = RunContext()) -> ToHuggingFaceResult:
+  """Writes `checkpoint_path` (OUT/0/items) as an HF checkpoint directory `output_dir`; see the module docstring.
+
+  With several processes each writes its share of the shards into the output (converter/output/huggingface.py).
+  """
+  output_dir = storage.resolve(output_dir)
+  way_back = plan_way_back(checkpoint_path, options)
+  plan, reader, shards, names, merge = way_back.plan, way_back.reader, way_back.shards, way_back.names, way_back.merge
+  for warning in plan.warnings:
+    logging.warning("%s", warning)
+  check_constants(plan, reader, options.read_cache_bytes)
   serving, serving_warnings = original_serving_files(plan) if run.processes.is_primary else ({}, [])
   for warning in serving_warnings:
     logging.warning("%s", warning)
-  tensors = in_chunk_order(plan.tensors, reader)
-  shards = [[tensors[i] for i in shard] for shard in assign_shards([t.spec for t in tensors], limit)]
-  names = shard_names(len(shards))
   mine: list[str] = []
 
   def write_shards(directory: str, finished: Callable[[str], None]) -> None:
@@ -310,11 +332,12 @@ def convert_to_huggingface(checkpoint_path: str, output_dir: str, options: Rever
   def last_files() -> dict[str, str]:
     files = {}
     if len(names) > 1:
-      index = index_json([t.spec for t in tensors], {t.name: name for name, shard in zip(names, shards) for t in shard})
+      index = index_json([t.spec for shard in shards for t in shard],
+                         {t.name: name for name, shard in zip(names, shards) for t in shard})
       files[INDEX_FILE] = json.dumps(index, indent=2) + "\n"
     files["config.json"] = json.dumps(written_config(plan), indent=2, sort_keys=True) + "\n"
     return {**serving, **files}
 
   HuggingFaceOutput(output_dir, run, hub_private=options.hub_private).write(write_shards, last_files)
-  return ToHuggingFaceResult(plan, output_dir, tuple(names), plan.total_bytes, tuple(mine), tuple(serving),
-                             tuple(serving_warnings), merge.export if merge else None)
+  return ToHuggingFaceResult(plan, output_dir, names, plan.total_bytes, tuple(mine), tuple(serving),
+                             tuple(serving_warnings), merge.export if merge else None, shards, merge)

@@ -43,7 +43,7 @@ class ReadAheadTest(absltest.TestCase):
 
     got = []
     with mock.patch.object(to_huggingface, "_piece", reading):
-      read_ahead = to_huggingface._ReadAhead(items, _Leaves(), max_bytes)
+      read_ahead = to_huggingface.ReadAhead(items, _Leaves(), max_bytes)
       try:
         for tensor, value in read_ahead:
           time.sleep(0.002)  # A slow writer: the reader runs as far ahead as the budget lets it.
