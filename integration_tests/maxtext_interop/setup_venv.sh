@@ -2,7 +2,8 @@
 # Creates .mtvenv (Python 3.12 with maxtext==0.2.5 and its pinned CPU dependencies) in the repository root for
 # integration_tests/maxtext_interop/run_interop.py, from requirements-maxtext.txt. Does nothing when the venv is
 # current (a hash stamp of the requirements file and the interpreter version lives in .mtvenv); rebuilds it when
-# missing or stale. About a minute (wheels only).
+# missing or stale, with uv where it installs (tools/install_requirements.sh; else pip). About a minute on a
+# new machine (wheels only).
 #
 # Interpreter: $HF2MAXTEXT_MAXTEXT_BASE_PYTHON, else ~/.pyenv/versions/3.12.1/bin/python, else python3.12 on PATH.
 # Prints the venv's python path on stdout when done.
@@ -13,6 +14,9 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd -P)"
 VENV="${HF2MAXTEXT_MTVENV:-$ROOT/.mtvenv}"
 REQ="$ROOT/integration_tests/maxtext_interop/requirements-maxtext.txt"
 STAMP="$VENV/.hf2maxtext-maxtext-requirements.sha256"
+
+# shellcheck source=tools/install_requirements.sh
+source "$ROOT/tools/install_requirements.sh"
 
 say() { printf 'setup_venv.sh: %s\n' "$*" >&2; }
 die() { say "error: $*"; exit 1; }
@@ -55,7 +59,7 @@ build() {
   # maxtext declares no base dependencies; the file pins the complete set, so no resolution is wanted.
   local log
   log="$(mktemp)"
-  if ! "$VENV/bin/python" -m pip install --disable-pip-version-check --no-deps -r "$REQ" >"$log" 2>&1; then
+  if ! install_requirements "$VENV/bin/python" --no-deps -r "$REQ" 2>"$log"; then
     tail -n 30 "$log" >&2
     rm -rf "$VENV" "$log"
     die "pip install from $REQ failed (last lines above)"
