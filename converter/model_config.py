@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import Any, Mapping
 
-from converter import storage
+from converter import json_input, storage
 from converter.errors import ConversionError
 
 
@@ -67,11 +66,9 @@ def load_model_config(model_dir: str) -> ModelConfig:
   """Parses `config.json` in `model_dir`; raises ConversionError naming the file and key on any problem."""
   path = storage.join(model_dir, "config.json")
   try:
-    raw = json.loads(storage.read_text(path))
+    raw = json_input.read(path, "malformed config.json")
   except FileNotFoundError as e:
     raise ConversionError(f"{path}: missing (a HuggingFace checkpoint directory needs its config.json)") from e
-  except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
-    raise ConversionError(f"{path}: malformed config.json ({type(e).__name__}: {e})") from e
   return parse_model_config(raw, path)
 
 

@@ -131,7 +131,7 @@ class LoadModelConfigTest(absltest.TestCase):
   def test_malformed_json_is_named(self):
     with open(self.path, "w") as f:
       f.write('{"hidden_size": 64,')
-    with self.assertRaisesRegex(ConversionError, f"{self.path}: malformed config.json \\(JSONDecodeError"):
+    with self.assertRaisesRegex(ConversionError, f"{self.path}: malformed config.json \\(not valid JSON: JSONDecodeError"):
       load_model_config(self.model_dir)
 
 
