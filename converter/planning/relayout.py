@@ -27,7 +27,7 @@ from converter.arrays import Shape
 from converter.errors import ConversionError
 from converter.families import LayerGroup, Layout, Param
 from converter.planning.loaders import AddLowRank, Copy
-from converter.model_config import parse_model_config
+from converter.model_config import check_claimed_counts, parse_model_config
 from converter.ops import output_shape
 from converter.options import PlanOptions, ReverseOptions
 from converter.checkpoint_format.layout import items_path_of, metadata_path
@@ -103,6 +103,7 @@ def plan_relayout(checkpoint_path: str, options: PlanOptions, *, family: str | N
   source = open_maxtext(items_path, raw_fp8=fp8 is not None)
   hf_config, config_source = original_config(items_path, record, hf_config_path)
   config = parse_model_config(hf_config, config_source)
+  check_claimed_counts(config, (t.shape for t in source.tensors.values()), items_path)
   towers = any(name.split("/")[0] in TOWER_SUBTREES for name in source.tensors)
   model = families.resolve(config, family=family or record.family,
                            target_model=options.target_model or record.target_model, text_only=not towers)

@@ -65,10 +65,15 @@ def read_tree_layout(items_path: str) -> TreeLayout:
   except (ValueError, KeyError, TypeError, AttributeError) as e:
     raise ConversionError(f"{metadata_path}: not the metadata of an Orbax PyTree checkpoint ({type(e).__name__}:"
                           f" {e})") from e
+  use_ocdbt = storage.is_file(storage.join(items_path, layout.OCDBT_MANIFEST))
+  if metadata.get("use_ocdbt") and not use_ocdbt:
+    raise ConversionError(f"{storage.join(items_path, layout.OCDBT_MANIFEST)}: missing: {metadata_path} says the"
+                          " arrays are in an OCDBT database, and this is its manifest (a copy that left it behind,"
+                          " or a step that was never committed)")
   return TreeLayout(
       leaves=tuple((tuple(key for key, _ in keys), value_type) for keys, value_type in leaves),
       use_zarr3=bool(metadata.get("use_zarr3", False)),
-      use_ocdbt=storage.is_file(storage.join(items_path, layout.OCDBT_MANIFEST)),
+      use_ocdbt=use_ocdbt,
   )
 
 
