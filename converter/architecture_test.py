@@ -12,7 +12,8 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAYERS = (
     ("handlers", "converter.arrays", "converter.errors", "converter.library_logs", "converter.malloc",
      "converter.write_behind"),
-    ("converter/storage", "converter.ops", "converter.model_config", "converter.processes", "converter.progress"),
+    ("converter/storage", "converter.json_input", "converter.ops", "converter.model_config", "converter.processes",
+     "converter.progress"),
     ("converter/checkpoint_format",),
     ("converter/sources", "converter.hub"),
     ("converter/families",),

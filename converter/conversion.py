@@ -17,7 +17,7 @@ from converter import families, sources, storage
 from converter.planning import lazy_leaves
 from converter.errors import ConversionError
 from converter.families import ResolvedModel
-from converter.model_config import load_model_config
+from converter.model_config import check_claimed_counts, load_model_config
 from converter.options import PlanOptions, RunContext, SaveOptions
 from converter.output.record import conversion_record
 from converter.planning.plan import Plan, alias_renamer, build_plan
@@ -38,9 +38,10 @@ def plan_conversion(hf_model_path: str, options: PlanOptions) -> Plan:
   """Everything checkable from config.json and the safetensors headers (and a LoRA adapter's config and header),
   before a byte is written."""
   config = load_model_config(hf_model_path)
-  model = families.resolve(config, target_model=options.target_model, text_only=options.text_only)
   sources.check_quantization(config.raw, config.path)
   source = sources.open_source(hf_model_path, config.raw, config.path)
+  check_claimed_counts(config, (t.shape for t in source.tensors.values()), source.location)
+  model = families.resolve(config, target_model=options.target_model, text_only=options.text_only)
   if options.lora_adapter_path:
     source = _with_adapter(source, model, options)
   plan = build_plan(source, model, options)

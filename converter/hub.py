@@ -9,12 +9,13 @@ other formats or the rest of the repo. Files already in the cache are used as th
 
 from __future__ import annotations
 
-import json
 import os
 import re
 
 from converter.errors import ConversionError
+from converter import json_input
 from converter.sources.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS
+from converter.sources.safetensors import index_weight_map
 
 _REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 INDEX = "model.safetensors.index.json"
@@ -69,11 +70,8 @@ def resolve_model_path(repo_id: str, revision: str = "main") -> str:
   config = os.path.join(resolve_config_path(repo_id, revision), "config.json")
   index = _fetch(repo_id, INDEX, revision)
   if index is not None:
-    with open(index, encoding="utf-8") as f:
-      try:
-        shards = sorted(set(json.load(f)["weight_map"].values()))
-      except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
-        raise ConversionError(f"{repo_id} (revision {revision}): unreadable {INDEX}: {e}") from e
+    where = f"{repo_id} (revision {revision}): {INDEX}"
+    shards = sorted(set(index_weight_map(json_input.read(index, "unreadable safetensors index"), where).values()))
   else:
     shards = [SINGLE]
   for shard in shards:

@@ -87,6 +87,9 @@ flags.DEFINE_boolean("overwrite", False, "Replace an existing checkpoint at OUTP
 flags.DEFINE_string("target_model", None, "MaxText model the checkpoint is for (default: inferred from config.json).")
 flags.DEFINE_integer("target_vocab_size", None, "Zero-pad the vocabulary to this size (MaxText configs may round up).")
 flags.DEFINE_boolean("allow_unused_tensors", False, "Warn about, rather than refuse, tensors the family does not use.")
+flags.DEFINE_boolean("allow_uncommitted", False, "--checkpoint_path, --lora_checkpoint_path: read a step whose save"
+                     " never committed (a local *.orbax-checkpoint-tmp* directory, a bucket step without"
+                     " commit_success.txt) instead of refusing it.")
 flags.DEFINE_integer("max_inflight_bytes", 128 << 20, "Most bytes of materialised blocks alive at once while saving"
                      " (to_huggingface: of pieces read ahead of the writes).")
 flags.DEFINE_boolean("inspect", False, "With --checkpoint_path: print what the MaxText checkpoint holds (a run"
@@ -319,12 +322,32 @@ _TO_MAXTEXT_ONLY = ("scan_layers", "lazy_load_tensors", "simulated_cpu_devices_c
                     "lora_adapter_revision", "lora_adapter_only")
 
 
+def _refuse_uncommitted() -> None:
+  """A MaxText checkpoint read (--checkpoint_path, --lora_checkpoint_path) must be a finished save, unless
+  --allow_uncommitted."""
+  from converter.checkpoint_format import layout  # pylint: disable=g-import-not-at-top
+  from converter.errors import ConversionError  # pylint: disable=g-import-not-at-top
+
+  if FLAGS.allow_uncommitted:
+    return
+  for flag, path in (("checkpoint_path", FLAGS.checkpoint_path and _checkpoint_path()),
+                     ("lora_checkpoint_path", FLAGS.lora_checkpoint_path and _resolve(FLAGS.lora_checkpoint_path))):
+    if path:
+      items = layout.items_path_of(path)
+      reason = layout.uncommitted_reason(items)
+      if reason:
+        raise ConversionError(f"{items}: not a committed checkpoint: {reason}; pass --allow_uncommitted to read it"
+                              f" anyway (--{flag})")
+
+
 def run() -> None:
   if FLAGS.inspect:
     from converter.reverse import inspection  # pylint: disable=g-import-not-at-top
 
     print(inspection.describe_checkpoint(FLAGS.checkpoint_path, FLAGS.step, step_given=FLAGS["step"].present))
-  elif FLAGS.direction == "to_huggingface":
+    return
+  _refuse_uncommitted()
+  if FLAGS.direction == "to_huggingface":
     ignored = [f"--{name}" for name in _TO_MAXTEXT_ONLY if FLAGS[name].present]
     if ignored:
       raise app.UsageError(f"{', '.join(ignored)} {'applies' if len(ignored) == 1 else 'apply'} to"

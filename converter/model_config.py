@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
-import json
-from typing import Any, Mapping
+import math
+import re
+from typing import Any, Iterable, Iterator, Mapping
 
-from converter import storage
+from converter import json_input, storage
+from converter.arrays import Shape
 from converter.errors import ConversionError
+
+# config.json keys that count something a conversion builds one of each of (layers, experts, a tower's blocks), at
+# any depth: `num_hidden_layers`, `vision_config.depth`, `n_routed_experts`, DeepSeek's `first_k_dense_replace`.
+_COUNT_KEY = re.compile(r".*(layers|experts)|depth$|first_k_dense_replace$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,11 +73,9 @@ def load_model_config(model_dir: str) -> ModelConfig:
   """Parses `config.json` in `model_dir`; raises ConversionError naming the file and key on any problem."""
   path = storage.join(model_dir, "config.json")
   try:
-    raw = json.loads(storage.read_text(path))
+    raw = json_input.read(path, "malformed config.json")
   except FileNotFoundError as e:
     raise ConversionError(f"{path}: missing (a HuggingFace checkpoint directory needs its config.json)") from e
-  except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
-    raise ConversionError(f"{path}: malformed config.json ({type(e).__name__}: {e})") from e
   return parse_model_config(raw, path)
 
 
@@ -123,3 +127,28 @@ def parse_model_config(raw: Any, path: str) -> ModelConfig:
       tie_word_embeddings=bool(merged.get("tie_word_embeddings", False)),
       raw=merged,
   )
+
+
+def _claimed_counts(raw: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, int]]:
+  """(dotted key, value) of every integer under a counting key (`_COUNT_KEY`) in `raw` and the objects in it."""
+  for key, value in raw.items():
+    if isinstance(value, dict):
+      yield from _claimed_counts(value, f"{prefix}{key}.")
+    elif isinstance(value, int) and not isinstance(value, bool) and _COUNT_KEY.match(key):
+      yield f"{prefix}{key}", value
+
+
+def check_claimed_counts(config: ModelConfig, shapes: Iterable[Shape], holder: str) -> None:
+  """Refuses a config.json whose layer, expert or block counts exceed what the checkpoint `holder` (whose tensors
+  or leaves have `shapes`) can hold, before anything is built per layer or per expert: each needs a tensor of its
+  own or a position along some tensor's axis, so no count exceeds the larger of the number of tensors and the
+  longest axis of a non-empty one. What a plan allocates per layer then stays in proportion to what the files
+  hold, whatever config.json claims."""
+  shapes = list(shapes)
+  longest = max((max(shape) for shape in shapes if shape and math.prod(shape)), default=0)
+  bound = max(len(shapes), longest)
+  for key, value in _claimed_counts(config.raw):
+    if value > bound:
+      raise ConversionError(
+          f"{config.path}: {key} is {value:,}, more than {holder} can hold ({len(shapes):,} tensors, the longest"
+          f" axis {longest:,}; each layer or expert needs a tensor of its own or a position along one)")

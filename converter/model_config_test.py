@@ -8,7 +8,7 @@ import tempfile
 from absl.testing import absltest, parameterized
 
 from converter.errors import ConversionError
-from converter.model_config import load_model_config, parse_model_config
+from converter.model_config import check_claimed_counts, load_model_config, parse_model_config
 from tools.make_tiny_checkpoint import TINY_QWEN3_CONFIG
 
 _PATH = "/models/m/config.json"
@@ -111,6 +111,30 @@ class ParseModelConfigTest(parameterized.TestCase):
       config_with_null.require("sliding_window")  # Present but null is as good as missing.
 
 
+class ClaimedCountsTest(absltest.TestCase):
+  """Counts config.json claims are refused beyond what the checkpoint's tensors can hold, before any layout."""
+
+  SHAPES = [(512, 256), (256,), (0, 4096)] + [(64,)] * 20  # 23 tensors, the longest non-empty axis 512.
+
+  def test_counts_within_what_the_tensors_hold_pass(self):
+    config = parse_model_config(dict(TINY_QWEN3_CONFIG, num_hidden_layers=512, max_window_layers=28,
+                                     vision_config={"depth": 23}), _PATH)
+    check_claimed_counts(config, self.SHAPES, "/ckpt")
+
+  def test_each_count_beyond_them_is_refused_by_its_key(self):
+    for changes, key in [({"num_hidden_layers": 10**7}, "num_hidden_layers is 10,000,000"),
+                         ({"num_hidden_layers": 513}, "num_hidden_layers is 513"),  # The empty tensor's 4096 counts not.
+                         ({"num_experts": 2**31}, "num_experts is 2,147,483,648"),
+                         ({"n_routed_experts": 1000}, "n_routed_experts is 1,000"),
+                         ({"first_k_dense_replace": 10**6}, "first_k_dense_replace is 1,000,000"),
+                         ({"vision_config": {"depth": 10**9}}, "vision_config.depth is 1,000,000,000")]:
+      with self.subTest(key=key):
+        config = parse_model_config(dict(TINY_QWEN3_CONFIG, **changes), _PATH)
+        with self.assertRaisesRegex(ConversionError, f"^{_PATH}: {key}, more than /ckpt can hold \\(23 tensors, the"
+                                    " longest axis 512"):
+          check_claimed_counts(config, self.SHAPES, "/ckpt")
+
+
 class LoadModelConfigTest(absltest.TestCase):
 
   def setUp(self):
@@ -131,7 +155,7 @@ class LoadModelConfigTest(absltest.TestCase):
   def test_malformed_json_is_named(self):
     with open(self.path, "w") as f:
       f.write('{"hidden_size": 64,')
-    with self.assertRaisesRegex(ConversionError, f"{self.path}: malformed config.json \\(JSONDecodeError"):
+    with self.assertRaisesRegex(ConversionError, f"{self.path}: malformed config.json \\(not valid JSON: JSONDecodeError"):
       load_model_config(self.model_dir)
 
 

@@ -199,6 +199,138 @@ class BadInputTest(_Variants):
     self.assertNotIn("STEP_DIR_EXISTS", result.stdout)
 
 
+class HostileInputTest(_Variants):
+  """Malformed JSON, sizes a file claims and cannot hold, and uncommitted checkpoints: each one `error:` line,
+  both directions. One converted checkpoint (setUpClass) is copied and damaged for the way-back cases."""
+
+  MODEL = "qwen3"
+  MODEL_CONFIG = {"num_hidden_layers": 2}
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.sharded = tiny_models.build_tiny_model("qwen3", harness.scratch_dir("sharded-"), num_hidden_layers=2,
+                                               max_shard_size="2MB")
+    cls.converted = harness.scratch_dir("converted-")
+    harness.run_converter(f"--hf_model_path={cls.good}", f"--output_dir={cls.converted}",
+                          "--simulated_cpu_devices_count=1")
+
+  def _index_variant(self, text: bytes) -> str:
+    path = harness.scratch_dir("index-")
+    for name in os.listdir(self.sharded):
+      shutil.copy(os.path.join(self.sharded, name), path)
+    with open(os.path.join(path, "model.safetensors.index.json"), "wb") as f:
+      f.write(text)
+    return path
+
+  def _checkpoint_copy(self, step_name: str = "0") -> str:
+    """A copy of the converted checkpoint's step 0, as `step_name`; returns the step directory."""
+    step = os.path.join(harness.scratch_dir("ckpt-"), step_name)
+    shutil.copytree(os.path.join(self.converted, "0"), step)
+    return step
+
+  def assert_refused_back(self, checkpoint: str, *expected: str, flags: tuple[str, ...] = ()):
+    """As assert_refused, for both directions that read a MaxText checkpoint: back to HF and the re-layout."""
+    for direction in ("to_huggingface", "to_maxtext"):
+      out = harness.scratch_dir("out-")
+      result = harness.run_converter(f"--direction={direction}", f"--checkpoint_path={checkpoint}",
+                                     f"--output_dir={out}", *flags, check=False)
+      self.assertEqual(result.returncode, 1, result.stderr[-2000:])
+      error_lines = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+      self.assertLen(error_lines, 1, result.stderr[-2000:])
+      for text in expected:
+        self.assertIn(text, error_lines[0])
+      self.assertNotIn("Traceback", result.stderr)
+      # Nothing a reader takes for a checkpoint (a re-layout that failed mid-save keeps its blocks for --resume).
+      self.assertEqual(harness.committed_files(out), [])
+      self.assertFalse(os.path.exists(os.path.join(out, "config.json")))
+
+  def test_index_of_the_wrong_shape(self):
+    with open(os.path.join(self.sharded, "model.safetensors.index.json")) as f:
+      weight_map = json.load(f)["weight_map"]
+    first = next(iter(weight_map))
+    cases = [({"weight_map": None}, "a weight_map that is null"), ({"weight_map": []}, "a weight_map that is an array"),
+             ({"weight_map": 7}, "a weight_map that is a number"), ({"weight_map": {}}, "the index lists no tensors"),
+             ({"weight_map": dict(weight_map, **{first: 5})}, "which is not the name of a file beside the index"),
+             ({"weight_map": dict(weight_map, **{first: "/etc/hostname"})}, "'/etc/hostname', which is not"),
+             ({"weight_map": dict(weight_map, **{first: "../x.safetensors"})}, "'../x.safetensors', which is not")]
+    for index, reason in cases:
+      with self.subTest(reason=reason):
+        self.assert_refused(self._index_variant(json.dumps(index).encode()), "model.safetensors.index.json", reason)
+    self.assert_refused(self._index_variant(b'{"weight_map": {"model.norm.weight": "caf\xe9"}}'),
+                        "model.safetensors.index.json", "not valid JSON: UnicodeDecodeError")
+
+  def test_header_nested_without_bound(self):
+    path = self.variant()
+    file = os.path.join(path, SAFETENSORS)
+    raw = b"[" * 200_000 + b"]" * 200_000
+    with open(file, "wb") as f:
+      f.write(len(raw).to_bytes(8, "little") + raw)
+    self.assert_refused(path, file, "corrupt safetensors header", "nested deeper")
+
+  def test_header_entry_of_the_wrong_type(self):
+    tensors = dict(self.tensors)
+    path = self.variant(tensors=tensors)
+    file = os.path.join(path, SAFETENSORS)
+    with open(file, "rb") as f:
+      length = int.from_bytes(f.read(8), "little")
+      header, data = json.loads(f.read(length)), f.read()
+    header["model.norm.weight"]["shape"] = [True, 256]
+    raw = json.dumps(header).encode()
+    with open(file, "wb") as f:
+      f.write(len(raw).to_bytes(8, "little") + raw + data)
+    self.assert_refused(path, file, "'model.norm.weight'", "non-negative integers")
+
+  def test_config_claiming_more_layers_than_the_files_hold(self):
+    for layers in (10**7, 2**31):
+      with self.subTest(layers=layers):
+        self.assert_refused(self.variant(config=dict(self.config, num_hidden_layers=layers)), "config.json",
+                            f"num_hidden_layers is {layers:,}, more than", "25 tensors")
+
+  def test_rope_scaling_of_an_impossible_shape(self):
+    for rope, reason in [([1, 2], "rope_scaling is [1, 2]"),
+                         ({"rope_type": "yarn", "factor": "x"}, "rope_scaling.factor is 'x'"),
+                         ({"rope_type": "nope", "factor": 2.0}, "rope_type 'nope' is not a rope type"),
+                         ({"factor": 2.0}, "has a factor but no rope_type")]:
+      with self.subTest(reason=reason):
+        self.assert_refused(self.variant(config=dict(self.config, rope_scaling=rope)), "config.json", reason)
+
+  def test_record_claiming_more_layers_than_the_checkpoint_holds(self):
+    step = self._checkpoint_copy()
+    metadata_path = os.path.join(step, "_CHECKPOINT_METADATA")
+    with open(metadata_path) as f:
+      metadata = json.load(f)
+    metadata["custom_metadata"]["hf2maxtext"]["hf_config"]["num_hidden_layers"] = 2**31
+    with open(metadata_path, "w") as f:
+      json.dump(metadata, f)
+    self.assert_refused_back(os.path.join(step, "items"), "_CHECKPOINT_METADATA", "num_hidden_layers is"
+                             " 2,147,483,648, more than", "14 tensors")
+
+  def test_checkpoint_metadata_nested_without_bound(self):
+    step = self._checkpoint_copy()
+    with open(os.path.join(step, "_CHECKPOINT_METADATA"), "wb") as f:
+      f.write(b'{"custom_metadata": ' + b"[" * 200_000 + b"]" * 200_000 + b"}")
+    self.assert_refused_back(step, "_CHECKPOINT_METADATA", "unreadable checkpoint metadata", "nested deeper")
+
+  def test_missing_ocdbt_manifest_or_process_database(self):
+    step = self._checkpoint_copy()
+    os.remove(os.path.join(step, "items", "manifest.ocdbt"))
+    self.assert_refused_back(step, os.path.join(step, "items", "manifest.ocdbt"), "missing")
+    step = self._checkpoint_copy()
+    shutil.rmtree(os.path.join(step, "items", "ocdbt.process_0"))
+    self.assert_refused_back(step, "file(s) of the checkpoint's OCDBT database are missing",
+                             os.path.join(step, "items", "ocdbt.process_0", "d", ""))
+
+  def test_uncommitted_step_is_refused_unless_allowed(self):
+    step = self._checkpoint_copy("0.orbax-checkpoint-tmp-1765000000")
+    self.assert_refused_back(step, "not a committed checkpoint", f"{step} is the temporary directory",
+                             "--allow_uncommitted")
+    out = harness.scratch_dir("out-")
+    result = harness.run_converter("--direction=to_huggingface", f"--checkpoint_path={step}", f"--output_dir={out}",
+                                   "--allow_uncommitted")
+    self.assertTrue(os.path.exists(os.path.join(out, "model.safetensors")), result.stdout)
+
+
 class BadMultimodalInputTest(_Variants):
   """A multimodal checkpoint (Gemma 3's SigLIP tower) whose tower disagrees with its config, or lacks a part."""
 

@@ -64,3 +64,25 @@ def items_path_of(checkpoint_path: str) -> str:
   if not storage.exists(path):
     raise ConversionError(f"{path}: no such checkpoint directory (expected OUTPUT_DIR/0/items)")
   return path
+
+
+def uncommitted_reason(items: str) -> str | None:
+  """Why the step holding `items` (OUT/N/items, or a checkpoint saved straight into `items`) is not a finished save,
+  as Orbax decides it (orbax.checkpoint's `is_path_finalized`); None when it is finished.
+
+  On a local disk Orbax commits a step by renaming its temporary directory (`N.orbax-checkpoint-tmp...`) to N: a
+  step still under such a name never finished, whatever it holds (Orbax 0.12 also writes commit_success.txt
+  before the rename; older versions, and MaxText runs with them, write none). In a bucket there is no rename: the
+  step is committed by writing commit_success.txt into it last, so a step without one never finished (or lost its
+  marker)."""
+  step = storage.parent(items)
+  if not storage.is_remote(items):
+    unfinished = [p for p in (items, step) if TMP_SUFFIX in storage.basename(p)]
+    if unfinished:
+      return (f"{unfinished[-1]} is the temporary directory of a save that never finished (Orbax renames it to the"
+              " step's own name when it commits)")
+    return None
+  if any(storage.exists(storage.join(p, COMMIT_MARKER)) for p in (step, items)):
+    return None
+  return (f"neither {step} nor {items} holds {COMMIT_MARKER}, which Orbax writes into a step in a bucket last,"
+          " when the save has finished")

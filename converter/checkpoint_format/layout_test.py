@@ -46,5 +46,30 @@ class ItemsPathTest(absltest.TestCase):
       layout.items_path_of(missing)
 
 
+
+class UncommittedTest(absltest.TestCase):
+  """A step is finished as Orbax decides it: locally by its name (renamed from the temporary directory), in a
+  bucket by commit_success.txt in it."""
+
+  def test_local_steps_are_judged_by_their_names(self):
+    root = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
+    self.assertIsNone(layout.uncommitted_reason(os.path.join(root, "0", "items")))  # No marker needed (old Orbax).
+    self.assertIsNone(layout.uncommitted_reason(os.path.join(root, "3", "model_params")))
+    tmp = os.path.join(root, "0.orbax-checkpoint-tmp-1765000000")
+    self.assertIn(f"{tmp} is the temporary directory", layout.uncommitted_reason(os.path.join(tmp, "items")))
+    self.assertIn(f"{tmp} is the temporary", layout.uncommitted_reason(tmp))
+
+  def test_bucket_steps_need_their_commit_marker(self):
+    present: set[str] = set()
+    with absltest.mock.patch.object(layout.storage, "exists", lambda path: path in present):
+      reason = layout.uncommitted_reason("gs://b/run/7/items")
+      self.assertIn("neither gs://b/run/7 nor gs://b/run/7/items holds commit_success.txt", reason)
+      present.add("gs://b/run/7/commit_success.txt")  # Orbax's CheckpointManager: in the step.
+      self.assertIsNone(layout.uncommitted_reason("gs://b/run/7/items"))
+      present.clear()
+      present.add("gs://b/ckpt/commit_success.txt")  # A Checkpointer saving straight into the directory.
+      self.assertIsNone(layout.uncommitted_reason("gs://b/ckpt"))
+
+
 if __name__ == "__main__":
   absltest.main()

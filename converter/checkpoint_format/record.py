@@ -11,10 +11,9 @@ has it and no `hf2maxtext` entry.
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import Any
 
-from converter import storage
+from converter import json_input, storage
 from converter.checkpoint_format import layout
 from converter.checkpoint_format.original import Original
 from converter.errors import ConversionError
@@ -63,10 +62,21 @@ class ConversionRecord:
     custom = step_custom_metadata(items_path)
     entry = custom.get(KEY)
     entry = entry if isinstance(entry, dict) else {}
-    known = {f.name for f in dataclasses.fields(cls)} - {"scan_layers"}
-    scan_layers = custom.get("scan_layers")
-    return cls(scan_layers=None if scan_layers is None else bool(scan_layers),
-               **{k: v for k, v in entry.items() if k in known})
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    values = {k: v for k, v in entry.items() if k in fields and k != "scan_layers"}
+    values["scan_layers"] = custom.get("scan_layers")
+    for name, value in values.items():
+      expected = _json_type(fields[name].type)
+      if value is not None and expected is not None and not isinstance(value, expected):
+        where = name if name == "scan_layers" else f"{KEY}.{name}"
+        raise ConversionError(f"{layout.metadata_path(items_path)}: custom_metadata.{where} is"
+                              f" {json_input.type_name(value)}, where a conversion records {expected.__name__}")
+    return cls(**values)
+
+
+def _json_type(annotation: str) -> type | None:
+  """The JSON type a record field of type `annotation` holds (besides null); None where it may hold anything."""
+  return next((t for t in (str, dict, bool) if str(annotation).startswith(t.__name__)), None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,10 +93,7 @@ def step_custom_metadata(items_path: str) -> dict[str, Any]:
   path = layout.metadata_path(items_path)
   if not storage.exists(path):
     return {}
-  try:
-    metadata = json.loads(storage.read_text(path))
-  except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
-    raise ConversionError(f"{path}: unreadable checkpoint metadata ({type(e).__name__}: {e})") from e
+  metadata = json_input.read(path, "unreadable checkpoint metadata")
   custom = metadata.get("custom_metadata") if isinstance(metadata, dict) else None
   return custom if isinstance(custom, dict) else {}
 
@@ -98,9 +105,9 @@ def original_config(items_path: str, record: ConversionRecord, hf_config_path: s
   if hf_config_path:
     path, _ = _config_file_and_directory(hf_config_path)
     try:
-      config = json.loads(storage.read_text(path))
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
-      raise ConversionError(f"{path}: cannot read the HF config ({type(e).__name__}: {e})") from e
+      config = json_input.read(path, "cannot read the HF config")
+    except FileNotFoundError as e:
+      raise ConversionError(f"{path}: cannot read the HF config (no such file)") from e
     source = path
   elif isinstance(record.hf_config, dict):
     config = record.hf_config

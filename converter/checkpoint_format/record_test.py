@@ -63,6 +63,23 @@ class ConversionRecordTest(absltest.TestCase):
     with self.assertRaisesRegex(ConversionError, "_CHECKPOINT_METADATA: unreadable checkpoint metadata"):
       ConversionRecord.read(items)
 
+  def test_fields_of_the_wrong_type_are_refused_by_name(self):
+    for custom, field in [({KEY: {"family": ["qwen3"]}}, f"{KEY}.family is an array"),
+                          ({KEY: {"fp8": "yes"}}, f"{KEY}.fp8 is a string"),
+                          ({"scan_layers": "false"}, "scan_layers is a string")]:
+      with self.subTest(field=field):
+        items = _items_with_metadata({"custom_metadata": custom})
+        with self.assertRaisesRegex(ConversionError, f"_CHECKPOINT_METADATA: custom_metadata.{field}"):
+          ConversionRecord.read(items)
+
+  def test_metadata_that_is_not_utf8_or_nested_without_bound_names_the_file(self):
+    for text in ('{"custom_metadata": "\udcff"}'.encode("utf-8", "surrogatepass"), b"[" * 100_000):
+      step = os.path.dirname(_items_with_metadata({}))
+      with open(os.path.join(step, "_CHECKPOINT_METADATA"), "wb") as f:
+        f.write(text)
+      with self.assertRaisesRegex(ConversionError, "_CHECKPOINT_METADATA: unreadable checkpoint metadata"):
+        ConversionRecord.read(os.path.join(step, "items"))
+
 
 if __name__ == "__main__":
   absltest.main()

@@ -11,6 +11,7 @@ import pkgutil
 from typing import Iterable, Sequence
 
 from converter.errors import ConversionError
+from converter.families import common
 from converter.families.base import (TOWER_SUBTREES, Alternatives, Family, LayerGroup, Layout, Param, Towers, leaf_index,
                                      leaf_shape)
 from converter.families.runtime import Decoder, MaxTextConfig, Runtime
@@ -100,6 +101,7 @@ def resolve(config: ModelConfig, *, target_model: str | None = None, family: str
   """The family (by name, else by architecture), the target (given, else inferred), its runtime and, unless
   `text_only`, the checkpoint's towers."""
   fam = family_by_name(family) if family else family_for_architecture(config.architecture, config.path, config)
+  common.rope_parameters(config)  # Refused as transformers would refuse it, whether or not the family reads it.
   if config.architecture not in fam.architectures:
     raise ConversionError(f"{config.path}: architecture {config.architecture!r} is not one family {fam.name} converts"
                           f" ({', '.join(fam.architectures)})")

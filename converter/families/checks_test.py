@@ -15,6 +15,7 @@ from converter.planning import plan
 from converter.errors import ConversionError
 from converter.model_config import parse_model_config
 from converter.options import PlanOptions
+from tools.make_tiny_checkpoint import TINY_QWEN3_CONFIG
 from tools.testing import tiny_models
 
 
@@ -524,6 +525,36 @@ class ChecksTest(parameterized.TestCase):
     ignored = _resolve("deepseek4").ignored_tensors()
     self.assertTrue(any(re.match(p, "mtp.0.e_proj.weight") and r for p, r in ignored.items()))
     self.assertFalse(any(re.match(p, "layers.0.ffn.gate.weight") for p in ignored))
+
+
+
+class RopeScalingShapeTest(absltest.TestCase):
+  """rope_scaling transformers could not read is refused naming config.json and the key, for every family."""
+
+  def _resolve(self, **changes):
+    config = parse_model_config(dict(TINY_QWEN3_CONFIG, **changes), "/m/config.json")
+    return families.resolve(config)
+
+  def test_impossible_shapes_are_refused_by_key(self):
+    for changes, reason in [({"rope_scaling": [1, 2]}, "rope_scaling is \\[1, 2\\]"),
+                            ({"rope_scaling": {"rope_type": "yarn", "factor": "x"}}, "rope_scaling.factor is 'x'"),
+                            ({"rope_scaling": {"rope_type": "yarn", "factor": float("inf")}}, "rope_scaling.factor is inf"),
+                            ({"rope_scaling": {"rope_type": "nope"}}, "rope_scaling.rope_type 'nope' is not"),
+                            ({"rope_scaling": {"factor": 4.0}}, "rope_scaling has a factor but no rope_type"),
+                            ({"rope_parameters": {"full_attention": {"rope_type": 3}}},
+                             "rope_parameters.full_attention.rope_type 3 is not"),
+                            ({"rope_scaling": {"type": "mrope", "mrope_section": [16, "x"]}},
+                             "rope_scaling.mrope_section is")]:
+      with self.subTest(reason=reason):
+        with self.assertRaisesRegex(ConversionError, f"^/m/config.json: {reason}"):
+          self._resolve(**changes)
+
+  def test_readable_shapes_pass(self):
+    for changes in [{"rope_scaling": None}, {"rope_scaling": {"rope_type": "default"}},
+                    {"rope_parameters": {"rope_type": "default", "rope_theta": 1e6}},
+                    {"rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]}}]:
+      with self.subTest(changes=changes):
+        self._resolve(**changes)
 
 
 if __name__ == "__main__":

@@ -185,9 +185,46 @@ def norm_topk_prob_ignored(cfg: ModelConfig, target: str) -> list[str]:
   return []
 
 
+# The rope types transformers computes (its ROPE_INIT_FUNCTIONS, Gemma 4's proportional, Qwen2-VL's legacy mrope).
+ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3", "proportional", "mrope")
+_ROPE_NUMBERS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings",
+                 "attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "partial_rotary_factor",
+                 "rope_theta")
+
+
 def rope_parameters(cfg: ModelConfig) -> dict[str, Any]:
-  """HF's rope scaling: `rope_scaling` (transformers 4, hub configs) or `rope_parameters` (transformers 5)."""
-  return dict(cfg.get("rope_scaling") or cfg.get("rope_parameters") or {})
+  """HF's rope scaling: `rope_scaling` (transformers 4, hub configs) or `rope_parameters` (transformers 5), refused
+  naming config.json and the key where transformers could not read it either: not an object, a rope type it does
+  not know (or none beside a factor), a setting that is not a finite non-negative number."""
+  key = "rope_scaling" if cfg.get("rope_scaling") else "rope_parameters"
+  value = cfg.get(key) or {}
+  if not isinstance(value, dict):
+    raise ConversionError(f"{cfg.path}: {key} is {value!r}; transformers reads an object such as"
+                          " {\"rope_type\": \"yarn\", \"factor\": 4.0, ...}")
+  # transformers 5 nests one object per attention type (Gemma 3 and 4: sliding_attention, full_attention).
+  per_type = bool(value) and all(isinstance(v, dict) for v in value.values())
+  for where, params in ([(f"{key}.{k}", v) for k, v in value.items()] if per_type else [(key, value)]):
+    _check_rope(cfg.path, where, params)
+  return dict(value)
+
+
+def _check_rope(path: str, key: str, params: dict[str, Any]) -> None:
+  kind = params.get("rope_type", params.get("type"))
+  if kind is None and params.get("factor") is not None:
+    raise ConversionError(f"{path}: {key} has a factor but no rope_type; transformers needs one of"
+                          f" {', '.join(ROPE_TYPES)}")
+  if kind is not None and kind not in ROPE_TYPES:
+    raise ConversionError(f"{path}: {key}.rope_type {kind!r} is not a rope type transformers knows"
+                          f" ({', '.join(ROPE_TYPES)})")
+  for name in _ROPE_NUMBERS:
+    number = params.get(name)
+    if number is not None and (isinstance(number, bool) or not isinstance(number, (int, float)) or
+                               not math.isfinite(number) or number < 0):
+      raise ConversionError(f"{path}: {key}.{name} is {number!r}, not a finite non-negative number")
+  section = params.get("mrope_section")
+  if section is not None and (not isinstance(section, list) or
+                              not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in section)):
+    raise ConversionError(f"{path}: {key}.mrope_section is {section!r}, not a list of non-negative integers")
 
 
 def rope_kind(scaling: dict[str, Any]) -> str:

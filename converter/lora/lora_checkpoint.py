@@ -24,7 +24,7 @@ import numpy as np
 from converter import families, storage
 from converter.errors import ConversionError
 from converter.lora.lora_export import LORA_A_SUFFIX, LORA_B_SUFFIX, kernel_sides, layout_modules, qwix_factors
-from converter.model_config import ModelConfig
+from converter.model_config import ModelConfig, check_claimed_counts
 from converter.sources.lora import LoraAdapter
 
 VALUE = "value"  # Where an NNX Variable's array sits in a saved state.
@@ -62,6 +62,7 @@ def plan_lora_checkpoint(adapter: LoraAdapter, config: ModelConfig, *, target_mo
   weight, naming it."""
   _uniform(adapter)
   dtype = np.dtype(ml_dtypes.bfloat16) if save_dtype == "bfloat16" else np.dtype(save_dtype)
+  check_claimed_counts(config, (t.shape for m in adapter.modules for t in (m.a, m.b)), adapter.location)
   model = families.resolve(config, family=family, target_model=target_model, text_only=True)
   layout = model.layout(config.vocab_size, scan_layers)
   by_name = {m.module: m for m in adapter.modules}

@@ -28,7 +28,7 @@ from converter import families
 from converter.arrays import Shape
 from converter.errors import ConversionError
 from converter.families import Param
-from converter.model_config import parse_model_config
+from converter.model_config import check_claimed_counts, parse_model_config
 from converter.ops import DivideInFloat32, InterleaveRope, Op, Reshape, ScaleInFloat32, Transpose
 from converter.options import ReverseOptions
 from converter.checkpoint_format.record import ConversionRecord, original_config, step_custom_metadata
@@ -186,6 +186,7 @@ def plan_adapter_export(checkpoint_path: str, options: ReverseOptions, reader=No
   scan_layers = metadata.get("scan_layers")
   if not isinstance(scan_layers, bool):
     scan_layers = any(k[:2] == ("decoder", "layers") for k in leaves)
+  check_claimed_counts(config, (a.shape for _, a in leaves.values()), items_path)
   model = families.resolve(config, family=options.family or record.family,
                            target_model=options.target_model or record.target_model, text_only=True)
   layout = model.layout(config.vocab_size, scan_layers)

@@ -4,10 +4,9 @@ back): what the plan says of the output, and what its source states of itself (`
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import Any
 
-from converter import storage
+from converter import json_input, storage
 from converter.checkpoint_format.original import Original
 from converter.checkpoint_format.record import ConversionRecord
 
@@ -21,7 +20,7 @@ def conversion_record(plan: Any, overrides: dict[str, Any]) -> ConversionRecord:
   if origin is not None and not storage.is_file(plan.config.path):
     hf_config, hf_source = origin.hf_config, origin.hf_source
   else:
-    hf_config = json.loads(storage.read_text(plan.config.path))
+    hf_config = json_input.read(plan.config.path, "malformed config.json")
     hf_source = Original.of_directory(storage.parent(plan.config.path)).record()
   return ConversionRecord(
       scan_layers=plan.scan_layers,

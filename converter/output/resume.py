@@ -90,7 +90,7 @@ def _load_journal(paths: list[str]) -> list[tuple[str, Block, Pieces]]:
         entry = json.loads(line)
         pieces = tuple(((tuple(s), tuple(e)), str(d)) for s, e, d in entry.get("p", ()))
         entries.append((entry["a"], (tuple(entry["s"]), tuple(entry["e"])), pieces))
-      except (json.JSONDecodeError, KeyError, TypeError):
+      except (ValueError, RecursionError, KeyError, TypeError):
         break  # A torn last line: everything before it stands.
   return entries
 

@@ -27,11 +27,11 @@ from converter.arrays import Shape
 from converter.errors import ConversionError
 from converter.families import LayerGroup, Layout, Param
 from converter.planning.loaders import AddLowRank, Copy
-from converter.model_config import parse_model_config
+from converter.model_config import check_claimed_counts, parse_model_config
 from converter.ops import output_shape
 from converter.options import PlanOptions, ReverseOptions
-from converter.checkpoint_format.layout import items_path_of
-from converter.checkpoint_format.record import original_config
+from converter.checkpoint_format.layout import items_path_of, metadata_path
+from converter.checkpoint_format.record import ConversionRecord, original_config
 from converter.families import TOWER_SUBTREES, leaf_shape
 from converter.sources.maxtext import EMBEDDING, MaxTextSource, MaxTextTensor, open_maxtext
 
@@ -69,6 +69,21 @@ def _source_layers(layout: Layout) -> dict[tuple[str, int], _Located]:
   return layers
 
 
+def _recorded_fp8(items_path: str, record: ConversionRecord) -> native_fp8.Fp8Output | None:
+  """What a native fp8 checkpoint's record says of its FP8 kernels (None: not one)."""
+  if not record.fp8:
+    return None
+  try:
+    fp8 = record.fp8
+    block = fp8["block"]
+    if not isinstance(block, int) or isinstance(block, bool) or block <= 0:
+      raise ValueError(f"block {block!r} is not a positive integer")
+    return native_fp8.Fp8Output(str(fp8["weight_dtype"]), block, tuple(str(m) for m in fp8["unquantized_modules"]))
+  except (KeyError, TypeError, ValueError) as e:
+    raise ConversionError(f"{metadata_path(items_path)}: custom_metadata.hf2maxtext.fp8 is not what a --keep_fp8"
+                          f" conversion records ({type(e).__name__}: {e})") from e
+
+
 def plan_relayout(checkpoint_path: str, options: PlanOptions, *, family: str | None = None,
                   hf_config_path: str | None = None, lora_checkpoint_path: str | None = None,
                   lora_alpha: float | None = None) -> plan_lib.Plan:
@@ -81,14 +96,14 @@ def plan_relayout(checkpoint_path: str, options: PlanOptions, *, family: str | N
                           " --lora_adapter_path or --text_only: its leaves are copied as they are")
   items_path = items_path_of(checkpoint_path)
   record = open_maxtext(items_path).record
-  fp8 = native_fp8.Fp8Output(record.fp8["weight_dtype"], int(record.fp8["block"]),
-                             tuple(record.fp8["unquantized_modules"])) if record.fp8 else None
+  fp8 = _recorded_fp8(items_path, record)
   if fp8 is not None and lora_checkpoint_path:
     raise ConversionError(f"{items_path}: a native fp8 checkpoint (--keep_fp8) keeps its FP8 kernels as stored, so"
                           " a LoRA checkpoint cannot be merged into them; merge into a dequantized conversion")
   source = open_maxtext(items_path, raw_fp8=fp8 is not None)
   hf_config, config_source = original_config(items_path, record, hf_config_path)
   config = parse_model_config(hf_config, config_source)
+  check_claimed_counts(config, (t.shape for t in source.tensors.values()), items_path)
   towers = any(name.split("/")[0] in TOWER_SUBTREES for name in source.tensors)
   model = families.resolve(config, family=family or record.family,
                            target_model=options.target_model or record.target_model, text_only=not towers)

@@ -24,7 +24,7 @@ from converter.checkpoint_format.original import Original
 from converter.checkpoint_format.record import ConversionRecord, original_config, original_model
 from converter.errors import ConversionError
 from converter.families import TOWER_SUBTREES, Family, LayerGroup, Param, leaf_index, leaf_shape
-from converter.model_config import ModelConfig, parse_model_config
+from converter.model_config import ModelConfig, check_claimed_counts, parse_model_config
 from converter.ops import IntegerIds, Op, Slot, inverse_ops, is_exact, output_shape
 from converter.planning.loaders import ROW_BLOCK_BYTES, row_slabs, slab_ops
 from converter.reverse.safetensors_output import TensorSpec
@@ -180,6 +180,7 @@ def plan_to_huggingface(
     reader = CheckpointReader(items_path, dequantize_fp8=True)
   tree = model_tree(reader.arrays, items_path)
   params = tree.params
+  check_claimed_counts(config, (a.shape for a in params.values()), items_path)
   # The tree says whether the towers were converted (a checkpoint MaxText's trainer wrote records nothing).
   towers = any(k[0] in TOWER_SUBTREES for k in params)
   model = families.resolve(config, family=family or record.family, target_model=target_model or record.target_model,

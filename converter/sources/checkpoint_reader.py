@@ -101,6 +101,7 @@ class OpenArray:
     try:
       value = self._read_in_pieces(tuple(index) + (slice(None),) * (len(self.array.shape) - len(index)), order)
     except Exception as e:  # TensorStore raises ValueError / RuntimeError with its own status text.
+      self._reader.refuse_missing_files()
       raise ConversionError(
           f"{self._reader.items_path}: reading leaf {'/'.join(self.array.path)} at {_show(index)} failed: {e}"
       ) from e
@@ -149,6 +150,29 @@ def _kept_order(inner_order: Sequence[int], index: Index, rank: int) -> list[int
 
 def _show(index: Index) -> str:
   return "[" + ", ".join(":" if isinstance(i, slice) else str(i) for i in index) + "]"
+
+
+def _missing_ocdbt_files(items_path: str) -> list[str]:
+  """The files (relative to `items_path`) that the OCDBT database there refers to and that do not exist."""
+  directory = storage.kvstore_spec(items_path)
+  kvstore = ts.KvStore.open({**directory, "path": directory["path"].rstrip("/") + "/"}).result()
+  manifest = ts.ocdbt.dump(kvstore).result()
+  pending = [version["root"]["location"] for version in manifest.get("versions", [])[-1:] if "root" in version]
+  referenced, missing = set(), []
+  while pending:
+    location = pending.pop()
+    kind, base, relative = location.split(":")[:3]
+    name = base + relative
+    if name not in referenced:
+      referenced.add(name)
+      if not storage.exists(storage.join(items_path, name)):
+        missing.append(name)
+        continue
+    if kind == "btreenode":
+      node = ts.ocdbt.dump(kvstore, location).result()
+      for entry in node.get("entries", []):
+        pending.extend(v for v in entry.values() if isinstance(v, str) and v.startswith(("value:", "btreenode:")))
+  return sorted(missing)
 
 
 def cache_bytes(array: StoredArray, chunk: Shape, slice_index: Index, limit: int) -> int:
@@ -279,7 +303,23 @@ class CheckpointReader:
     try:
       return future.result()
     except Exception as e:  # TensorStore raises ValueError / RuntimeError with its own status text.
+      self.refuse_missing_files()
       raise ConversionError(f"{self.items_path}: cannot open leaf {'/'.join(path)}: {e}") from e
+
+  def refuse_missing_files(self) -> None:
+    """After a failed open or read: refuses the checkpoint naming the files its OCDBT database refers to (B-tree
+    nodes, each process's data files) that are not there, if any; a walk of the whole tree, so only on failure."""
+    if not self._layout.use_ocdbt:
+      return
+    try:
+      missing = _missing_ocdbt_files(self.items_path)
+    except Exception:  # pylint: disable=broad-except  (the database is unreadable in another way: say that instead)
+      return
+    if missing:
+      shown = ", ".join(storage.join(self.items_path, name) for name in missing[:3])
+      raise ConversionError(f"{self.items_path}: {len(missing)} file(s) of the checkpoint's OCDBT database are"
+                            f" missing: {shown}{' ...' if len(missing) > 3 else ''} (its manifest refers to them: a"
+                            " copy that left them behind, or a process's database deleted)")
 
   def _context(self, cache_bytes: int) -> ts.Context:
     spec: dict[str, Any] = {"file_io_concurrency": {"limit": 128}, "cache_pool": {"total_bytes_limit": cache_bytes},

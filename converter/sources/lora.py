@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import math
 import re
 from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from converter import storage
+from converter import json_input, storage
 from converter.arrays import copy_into, placed_shape
 from converter.checkpoint_format.record import SourceFacts
 from converter.errors import ConversionError
@@ -125,13 +124,7 @@ def _read_config(directory: str) -> tuple[dict[str, Any], str]:
   if not storage.is_file(path):
     raise ConversionError(f"{directory}: no {ADAPTER_CONFIG}: a PEFT LoRA adapter directory holds {ADAPTER_CONFIG}"
                           f" and {ADAPTER_WEIGHTS}")
-  try:
-    config = json.loads(storage.read_text(path))
-  except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
-    raise ConversionError(f"{path}: unreadable adapter config ({type(e).__name__}: {e})") from e
-  if not isinstance(config, dict):
-    raise ConversionError(f"{path}: the adapter config is not a JSON object")
-  return config, path
+  return json_input.read_object(path, "unreadable adapter config"), path
 
 
 def _positive(value: Any, what: str, path: str, integer: bool = False) -> float:

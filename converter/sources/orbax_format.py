@@ -12,11 +12,10 @@ either shows up there rather than as an unreadable checkpoint.
 from __future__ import annotations
 
 import dataclasses
-import json
 import posixpath
 from typing import Any
 
-from converter import storage
+from converter import json_input, storage
 from converter.errors import ConversionError
 from converter.checkpoint_format import layout
 ARRAY_VALUE_TYPES = ("jax.Array", "np.ndarray")  # What Orbax's array handlers record; scalars are "scalar".
@@ -51,21 +50,30 @@ def read_tree_layout(items_path: str) -> TreeLayout:
   metadata_path = layout.tree_metadata_path(items_path)
   if not storage.is_file(metadata_path):
     raise ConversionError(f"{items_path}: not an Orbax PyTree checkpoint (no {layout.TREE_METADATA} file)")
+  metadata = json_input.read(metadata_path, "unreadable checkpoint tree metadata")
+  order = lambda leaf: tuple((0, int(key), "") if kind == _SEQUENCE_KEY else (1, 0, key) for key, kind in leaf[0])
   try:
-    metadata = json.loads(storage.read_text(metadata_path))
     leaves = []
     for entry in metadata["tree_metadata"].values():
       keys = tuple((str(key["key"]), key["key_type"]) for key in entry["key_metadata"])
       value = entry["value_metadata"]
-      leaves.append((keys, "skipped" if value.get("skip_deserialize") else value["value_type"]))
+      value_type = "skipped" if value.get("skip_deserialize") else value["value_type"]
+      if not isinstance(value_type, str):
+        raise TypeError(f"value_type {value_type!r} is not a string")
+      leaves.append((keys, value_type))
+    leaves.sort(key=order)
   except (ValueError, KeyError, TypeError, AttributeError) as e:
     raise ConversionError(f"{metadata_path}: not the metadata of an Orbax PyTree checkpoint ({type(e).__name__}:"
                           f" {e})") from e
-  order = lambda leaf: tuple((0, int(key), "") if kind == _SEQUENCE_KEY else (1, 0, key) for key, kind in leaf[0])
+  use_ocdbt = storage.is_file(storage.join(items_path, layout.OCDBT_MANIFEST))
+  if metadata.get("use_ocdbt") and not use_ocdbt:
+    raise ConversionError(f"{storage.join(items_path, layout.OCDBT_MANIFEST)}: missing: {metadata_path} says the"
+                          " arrays are in an OCDBT database, and this is its manifest (a copy that left it behind,"
+                          " or a step that was never committed)")
   return TreeLayout(
-      leaves=tuple((tuple(key for key, _ in keys), value_type) for keys, value_type in sorted(leaves, key=order)),
+      leaves=tuple((tuple(key for key, _ in keys), value_type) for keys, value_type in leaves),
       use_zarr3=bool(metadata.get("use_zarr3", False)),
-      use_ocdbt=storage.is_file(storage.join(items_path, layout.OCDBT_MANIFEST)),
+      use_ocdbt=use_ocdbt,
   )
 
 

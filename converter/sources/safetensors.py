@@ -13,15 +13,15 @@ top of these records.
 from __future__ import annotations
 
 import dataclasses
-import json
+import math
 import struct
-from typing import Mapping
+from typing import Any, Mapping
 
 import ml_dtypes
 import numpy as np
 
-from converter import storage
-from converter.arrays import transpose_last_two
+from converter import json_input, storage
+from converter.arrays import Shape, transpose_last_two
 from converter.checkpoint_format.record import SourceFacts
 from converter.errors import ConversionError
 from converter.sources.base import Region, as_slices, region_bounds, region_shape, squeeze_ints
@@ -43,6 +43,8 @@ SAFETENSORS_DTYPES: Mapping[str, np.dtype] = {
 }
 FLOATING_DTYPES = frozenset({"F64", "F32", "F16", "BF16"})
 _MAX_HEADER_BYTES = 100 * 1024 * 1024
+_INT64_LIMIT = 1 << 63  # Shapes and offsets go through numpy, whose sizes are int64.
+_MAX_RANK = 64  # numpy's most dimensions.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,27 +129,20 @@ def read_header(path: str) -> dict[str, TensorInfo]:
     raw = storage.read_bytes(path, 8, 8 + header_len)
   except OSError as e:
     raise ConversionError(f"{path}: cannot read: {e}") from e
-  try:
-    header = json.loads(raw)
-  except (UnicodeDecodeError, json.JSONDecodeError) as e:
-    raise ConversionError(f"{path}: corrupt safetensors header (not valid JSON: {e})") from e
+  header = json_input.parse(raw, path, "corrupt safetensors header")
   if not isinstance(header, dict):
-    raise ConversionError(f"{path}: corrupt safetensors header (not a JSON object)")
+    raise ConversionError(f"{path}: corrupt safetensors header (not a JSON object but {json_input.type_name(header)})")
+  metadata = header.get("__metadata__", {})
+  if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+    raise ConversionError(f"{path}: corrupt safetensors header (__metadata__ must map names to strings, got"
+                          f" {_shown(metadata)})")
   data_start = 8 + header_len
   tensors = {}
   for name, entry in header.items():
     if name == "__metadata__":
       continue
-    try:
-      dtype_code = entry["dtype"]
-      shape = tuple(int(d) for d in entry["shape"])
-      begin, end = (int(o) for o in entry["data_offsets"])
-    except (KeyError, TypeError, ValueError) as e:
-      raise ConversionError(f"{path}: corrupt safetensors header entry for tensor {name!r}: {entry!r}") from e
-    if dtype_code not in SAFETENSORS_DTYPES:
-      raise ConversionError(f"{path}: tensor {name!r} has unknown dtype {dtype_code!r}")
-    expected = int(np.prod(shape, dtype=np.int64)) * SAFETENSORS_DTYPES[dtype_code].itemsize
-    if end - begin != expected or begin < 0:
+    dtype_code, shape, (begin, end) = _entry(path, name, entry)
+    if math.prod(shape) * SAFETENSORS_DTYPES[dtype_code].itemsize != end - begin:
       raise ConversionError(
           f"{path}: tensor {name!r}: header byte range {begin}..{end} does not fit shape {shape} {dtype_code}"
       )
@@ -157,6 +152,34 @@ def read_header(path: str) -> dict[str, TensorInfo]:
       )
     tensors[name] = TensorInfo(name, path, dtype_code, shape, data_start + begin, data_start + end)
   return tensors
+
+
+def _entry(path: str, name: str, entry: Any) -> tuple[str, Shape, tuple[int, int]]:
+  """A header entry's dtype, shape and data offsets, each of the type and range the format allows: a dtype this
+  converter knows, dimensions and offsets non-negative integers (numpy's int64 holds every element count), and
+  the offsets in order."""
+  if not isinstance(entry, dict):
+    raise ConversionError(f"{path}: corrupt safetensors header entry for tensor {name!r}: {_shown(entry)}")
+  dtype_code, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+  if not isinstance(dtype_code, str) or dtype_code not in SAFETENSORS_DTYPES:
+    raise ConversionError(f"{path}: tensor {name!r} has unknown dtype {_shown(dtype_code)}")
+  if (not isinstance(shape, list) or len(shape) > _MAX_RANK or
+      not all(json_input.is_int(d) and 0 <= d < _INT64_LIMIT for d in shape)):
+    raise ConversionError(f"{path}: tensor {name!r}: shape {_shown(shape)} is not a list of at most {_MAX_RANK}"
+                          " non-negative integers")
+  if math.prod(shape) >= _INT64_LIMIT:
+    raise ConversionError(f"{path}: tensor {name!r}: shape {shape} has more elements than any file holds")
+  if (not isinstance(offsets, list) or len(offsets) != 2 or
+      not all(json_input.is_int(o) and 0 <= o < _INT64_LIMIT for o in offsets) or offsets[0] > offsets[1]):
+    raise ConversionError(f"{path}: tensor {name!r}: data_offsets {_shown(offsets)} are not two non-negative"
+                          " integers in order")
+  return dtype_code, tuple(shape), (offsets[0], offsets[1])
+
+
+def _shown(value: Any) -> str:
+  """`value` for a message, cut short: a hostile header may hold megabytes in one entry."""
+  text = repr(value)
+  return text if len(text) <= 80 else text[:77] + "..."
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,11 +198,32 @@ class SafetensorsSource:
     return sorted({t.path for t in self.tensors.values()})
 
 
+def index_weight_map(index: Any, index_path: str) -> dict[str, str]:
+  """The `weight_map` of a parsed safetensors index (tensor name -> shard file), refused unless it is an object
+  naming at least one tensor, each in a file beside the index (a plain relative name: not absolute, no `..`)."""
+  weight_map = index.get("weight_map") if isinstance(index, dict) else None
+  if not isinstance(weight_map, dict):
+    found = "no weight_map" if not isinstance(index, dict) or "weight_map" not in index else (
+        f"a weight_map that is {json_input.type_name(weight_map)}")
+    raise ConversionError(f"{index_path}: unreadable safetensors index ({found}; expected an object mapping each"
+                          " tensor to its shard file)")
+  if not weight_map:
+    raise ConversionError(f"{index_path}: the index lists no tensors (its weight_map is empty)")
+  for name, shard in weight_map.items():
+    if not isinstance(shard, str) or not _is_file_name(shard):
+      raise ConversionError(f"{index_path}: weight_map puts tensor {name!r} in {_shown(shard)}, which is not the name"
+                            " of a file beside the index")
+  return weight_map
+
+
+def _is_file_name(name: str) -> bool:
+  """A relative path that stays inside its directory and names something in it."""
+  parts = name.split("/")
+  return bool(name) and "\\" not in name and not name.startswith("/") and all(p not in ("", ".", "..") for p in parts)
+
+
 def _index_shards(directory: str, index_path: str) -> tuple[list[str], dict[str, str]]:
-  try:
-    weight_map = json.loads(storage.read_text(index_path))["weight_map"]
-  except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
-    raise ConversionError(f"{index_path}: unreadable safetensors index ({type(e).__name__}: {e})") from e
+  weight_map = index_weight_map(json_input.read(index_path, "unreadable safetensors index"), index_path)
   shards = sorted(set(weight_map.values()))
   for shard in shards:
     if not storage.is_file(storage.join(directory, shard)):

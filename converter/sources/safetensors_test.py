@@ -1,6 +1,9 @@
 """The plain source: every region read equals the same region of the stored tensor, in the dtype asked for."""
 
+import json
 import os
+import re
+import struct
 import tempfile
 
 import ml_dtypes
@@ -54,6 +57,81 @@ class SafetensorsSourceTest(absltest.TestCase):
   def test_strided_regions_are_refused_with_the_tensor_name(self):
     with self.assertRaisesRegex(ConversionError, "'stacked'.*step-1"):
       self.source.tensors["stacked"].read(None, (slice(0, 5, 2),))
+
+
+class MalformedInputTest(absltest.TestCase):
+  """A header or index that is valid JSON of the wrong shape is refused naming the file, and the tensor or field."""
+
+  def setUp(self):
+    super().setUp()
+    self.dir = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
+    self.file = os.path.join(self.dir, "model.safetensors")
+
+  def _with_header(self, header) -> None:
+    raw = json.dumps(header).encode()
+    with open(self.file, "wb") as f:
+      f.write(struct.pack("<Q", len(raw)) + raw + bytes(64))
+
+  def test_header_entries_of_the_wrong_type_or_range(self):
+    good = {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]}
+    cases = [
+        ({"x": [1, 2]}, "entry for tensor 'x'"),
+        ({"x": dict(good, dtype=["F32"])}, "tensor 'x' has unknown dtype"),
+        ({"x": dict(good, shape=[2.0, 2])}, "tensor 'x': shape"),
+        ({"x": dict(good, shape=[True, 16])}, "tensor 'x': shape"),
+        ({"x": dict(good, shape=[-2, -2])}, "tensor 'x': shape"),
+        ({"x": dict(good, shape=[1] * 65)}, "tensor 'x': shape"),
+        ({"x": dict(good, shape=[2**62, 2**62], data_offsets=[0, 0])}, "more elements than any file holds"),
+        ({"x": dict(good, data_offsets=[0, 16, 32])}, "tensor 'x': data_offsets"),
+        ({"x": dict(good, data_offsets=[16, 0])}, "tensor 'x': data_offsets"),
+        ({"x": dict(good, data_offsets=[0, 16.0])}, "tensor 'x': data_offsets"),
+        ({"x": dict(good, shape=[2, 3])}, "tensor 'x': header byte range 0..16 does not fit"),
+        ({"__metadata__": {"format": 1}, "x": good}, "__metadata__ must map names to strings"),
+        ({"__metadata__": [], "x": good}, "__metadata__ must map names to strings"),
+    ]
+    for header, reason in cases:
+      with self.subTest(reason=reason, header=str(header)[:60]):
+        self._with_header(header)
+        with self.assertRaisesRegex(ConversionError, f"^{self.file}: .*{re.escape(reason)}"):
+          open_safetensors(self.dir)
+
+  def test_header_nested_without_bound(self):
+    raw = b"[" * 100_000 + b"]" * 100_000
+    with open(self.file, "wb") as f:
+      f.write(struct.pack("<Q", len(raw)) + raw)
+    with self.assertRaisesRegex(ConversionError, f"^{self.file}: corrupt safetensors header \\(not valid JSON"):
+      open_safetensors(self.dir)
+
+  def test_index_weight_map_of_the_wrong_shape(self):
+    write_safetensors(os.path.join(self.dir, "a.safetensors"), {"x": np.zeros((2,), np.float32)})
+    index_path = os.path.join(self.dir, "model.safetensors.index.json")
+    cases = [
+        ({"weight_map": None}, "a weight_map that is null"),
+        ({"weight_map": []}, "a weight_map that is an array"),
+        ({"weight_map": 3}, "a weight_map that is a number"),
+        ({"metadata": {}}, "no weight_map"),
+        ([], "no weight_map"),
+        ({"weight_map": {}}, "the index lists no tensors"),
+        ({"weight_map": {"x": 5}}, "puts tensor 'x' in 5, which is not the name of a file"),
+        ({"weight_map": {"x": "/etc/passwd"}}, "puts tensor 'x' in '/etc/passwd'"),
+        ({"weight_map": {"x": "../a.safetensors"}}, "puts tensor 'x' in '../a.safetensors'"),
+        ({"weight_map": {"x": ""}}, "puts tensor 'x' in ''"),
+        ({"weight_map": {"x": "."}}, "puts tensor 'x' in '.'"),
+    ]
+    for index, reason in cases:
+      with self.subTest(reason=reason):
+        with open(index_path, "w") as f:
+          json.dump(index, f)
+        with self.assertRaisesRegex(ConversionError, f"^{index_path}: .*{re.escape(reason)}"):
+          open_safetensors(self.dir)
+    with open(index_path, "wb") as f:
+      f.write(b'{"w\xe9ight_map": {}}')
+    with self.assertRaisesRegex(ConversionError, f"^{index_path}: unreadable safetensors index \\(not valid JSON:"
+                                " UnicodeDecodeError"):
+      open_safetensors(self.dir)
+    with open(index_path, "w") as f:
+      json.dump({"weight_map": {"x": "a.safetensors"}}, f)
+    self.assertEqual(list(open_safetensors(self.dir).tensors), ["x"])
 
 
 class RemoteReadsTest(absltest.TestCase):
