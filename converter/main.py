@@ -340,13 +340,8 @@ def _refuse_uncommitted() -> None:
                               f" anyway (--{flag})")
 
 
-def run() -> None:
-  if FLAGS.inspect:
-    from converter.reverse import inspection  # pylint: disable=g-import-not-at-top
-
-    print(inspection.describe_checkpoint(FLAGS.checkpoint_path, FLAGS.step, step_given=FLAGS["step"].present))
-    return
-  _refuse_uncommitted()
+def _refuse_misused_flags() -> None:
+  """Flags that do not apply to the run asked for, refused before anything is read."""
   if FLAGS.direction == "to_huggingface":
     ignored = [f"--{name}" for name in _TO_MAXTEXT_ONLY if FLAGS[name].present]
     if ignored:
@@ -357,7 +352,6 @@ def run() -> None:
     if FLAGS.verify and (hub_repo.is_hub(FLAGS.output_dir) or FLAGS.export == "lora_adapter"):
       raise app.UsageError("--verify re-reads a model written to a disk or gs://: not a Hub push (hf://; verify a"
                            " local copy, then push it) nor --export=lora_adapter")
-    _run_to_huggingface()
   elif FLAGS["export"].present:
     raise app.UsageError("--export applies to --direction=to_huggingface only")
   elif FLAGS["step"].present and not FLAGS.checkpoint_path:
@@ -370,6 +364,18 @@ def run() -> None:
                          " checkpoint (--checkpoint_path); a PEFT adapter merges through --lora_adapter_path")
   elif not FLAGS.checkpoint_path and (FLAGS["family"].present or FLAGS["hf_config_path"].present):
     raise app.UsageError("--family and --hf_config_path apply to a MaxText checkpoint (--checkpoint_path) only")
+
+
+def run() -> None:
+  if FLAGS.inspect:
+    from converter.reverse import inspection  # pylint: disable=g-import-not-at-top
+
+    print(inspection.describe_checkpoint(FLAGS.checkpoint_path, FLAGS.step, step_given=FLAGS["step"].present))
+    return
+  _refuse_misused_flags()
+  _refuse_uncommitted()
+  if FLAGS.direction == "to_huggingface":
+    _run_to_huggingface()
   elif FLAGS.lora_adapter_only:
     _write_lora_checkpoint()
   elif FLAGS.dry_run:
@@ -390,8 +396,7 @@ def run() -> None:
       if FLAGS.lazy_load_tensors and not FLAGS.resume:
         early_reads = conversion.read_early(plan, _save_options())
     _start_jax(FLAGS.simulated_cpu_devices_count, distributed=True)
-    _run_to_maxtext(plan or _plan(), start,
-                    early_reads)
+    _run_to_maxtext(plan or _plan(), start, early_reads)
 
 
 def _plan() -> Plan:
