@@ -22,6 +22,11 @@ HOSTILE_VALUES: tuple[Any, ...] = (None, True, False, 0, -1, 1, 2**31, 2**31 - 1
                                    1e308, 0.5, -0.0, "", "x", "0", "bfloat16", [], [0], [1, 2, 3], {}, {"a": None},
                                    [[[]]], {"": {}})
 ABSURD_SIZES: tuple[int, ...] = (0, -1, 1, 3, 2**31, 2**31 - 1, 2**32 + 1, 2**63, 10**7, 10**12, 65537)
+HUGE_SIZES: tuple[int, ...] = (2**31, 2**31 - 1, 10**7, 10**9, 2**40, 2**63 - 1)
+# What a config claims that a conversion may allocate in proportion to.
+SIZE_KEYS = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+             "head_dim", "vocab_size", "num_experts", "moe_intermediate_size", "num_experts_per_tok",
+             "max_position_embeddings", "base_num_decoder_layers", "base_emb_dim", "base_mlp_dim")
 # config.json keys a conversion sizes its plan by, or decides a layout on.
 CONFIG_KEYS = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
                "head_dim", "vocab_size", "num_experts", "num_local_experts", "moe_intermediate_size",
@@ -187,6 +192,19 @@ def mutate_json(value: Any, rng: random.Random, *, focus: tuple[str, ...] = (),
   return value, f"{where}: {json.dumps(old)[:60]} -> {json.dumps(parent[key])[:60]}"
 
 
+def claim_huge_size(value: dict, rng: random.Random, within: tuple = ()) -> str:
+  """One of the sizes a config (the one at `within`) claims set huge; a config with none gets a layer count."""
+  try:
+    config = _get(value, within)
+  except (KeyError, IndexError, TypeError):
+    config = value
+  keys = sorted(k for k in config if k in SIZE_KEYS) or ["num_hidden_layers"]
+  layers = [k for k in keys if k in ("num_hidden_layers", "base_num_decoder_layers")]
+  key = rng.choice(layers if layers and rng.random() < 0.5 else keys)  # The claim issue 59 saw take a host down.
+  old, config[key] = config.get(key), rng.choice(HUGE_SIZES)
+  return f"{'/'.join(map(str, within + (key,)))}: {old} -> {config[key]}"
+
+
 def deeply_nested_json() -> bytes:
   return b"[" * NESTING_DEPTH + b"]" * NESTING_DEPTH
 
@@ -210,6 +228,14 @@ def damage_json_file(root: str, name: str, rng: random.Random, *, focus: tuple[s
     _write(path, text)
     return f"content replaced ({kind})"
   return damage_bytes(root, name, rng)
+
+
+def _claim_in_json(root: str, name: str, rng: random.Random, within: tuple = ()) -> str:
+  path = os.path.join(root, name)
+  value = json.loads(_read(path))
+  detail = claim_huge_size(value, rng, within)
+  _write(path, json.dumps(value).encode())
+  return detail
 
 
 # -- safetensors ------------------------------------------------------------------------------------------------------
@@ -306,6 +332,8 @@ def damage_huggingface(root: str, rng: random.Random) -> Damage:
   shards = [f for f in files if f.endswith(".safetensors")]
   index = next((f for f in files if f.endswith(".safetensors.index.json")), None)
   roll = rng.random()
+  if roll < 0.08:
+    return Damage("config.json", "config_size", _claim_in_json(root, "config.json", rng))
   if roll < 0.3:
     return Damage("config.json", "config", damage_json_file(root, "config.json", rng, focus=CONFIG_KEYS))
   if roll < 0.45 and index:
@@ -361,6 +389,10 @@ def damage_maxtext(root: str, items: str, rng: random.Random) -> Damage:
   data_files = [f for f in files if f"{os.sep}d{os.sep}" in f]
   manifests = [f for f in files if f.endswith("manifest.ocdbt")]
   roll = rng.random()
+  if roll < 0.07:
+    name = os.path.join(step, "_CHECKPOINT_METADATA")
+    within = RECORD_PATH + rng.choice((("hf_config",), ("maxtext_overrides",)))
+    return Damage(name, "record_size", _claim_in_json(root, name, rng, within))
   if roll < 0.25:
     name = os.path.join(step, "_CHECKPOINT_METADATA")
     within = RECORD_PATH if rng.random() < 0.8 else ()

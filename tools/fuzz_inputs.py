@@ -661,8 +661,16 @@ def main(argv: Sequence[str]) -> None:
               f"  replay: {outcome.trial.replay}", flush=True)
 
     start = time.monotonic()
-    outcomes = run_trials(trials, models, runner, os.path.join(work_dir, "trials"), keep=_KEEP.value or replay,
-                          on_outcome=report)
+    log = open(os.path.join(work_dir, "outcomes.jsonl"), "w")  # pylint: disable=consider-using-with
+
+    def record(outcome: Outcome) -> None:
+      report(outcome)
+      log.write(json.dumps(dataclasses.asdict(outcome)) + "\n")
+      log.flush()
+
+    with log:
+      outcomes = run_trials(trials, models, runner, os.path.join(work_dir, "trials"), keep=_KEEP.value or replay,
+                            on_outcome=record)
     seconds = time.monotonic() - start
     if replay:
       directory = os.path.join(work_dir, "trials", f"trial-{_SEED.value}-{_TRIAL.value}")
