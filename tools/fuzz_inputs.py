@@ -34,9 +34,14 @@ import time
 import traceback
 from typing import Callable, Iterable, Iterator, Sequence
 
+# Before numpy loads OpenBLAS, which would start threads in the fork server (converter/main.py sets the same).
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+# pylint: disable=g-import-not-at-top,g-bad-import-order
 from absl import app, flags
 
 from tools import fuzz_damage
+# pylint: enable=g-import-not-at-top,g-bad-import-order
 
 OK_CLASSES = ("converted", "refused")
 FAILURE_CLASSES = ("traceback", "crash", "memory", "timeout", "unnamed", "left_behind", "silent")
@@ -455,20 +460,20 @@ def _left_files(directory: str) -> tuple[str, ...]:
 _TRIAL_FILES = frozenset({"input", "output", "tmp", "stdout", "stderr", "damage.json", "setup_error"})
 
 
-def observe(trial: Trial, models: Models, directory: str, finished: Finished) -> Observed:
-  """What the trial's run left in `directory`, checked against the intact checkpoint where that is possible."""
+def observe(directory: str, finished: Finished, direction: str, reference: str | None = None) -> Observed:
+  """What the run in `directory` left there (its input, output, stderr, damage.json and tmp/); where it converted
+  a checkpoint with damaged stored values back to HuggingFace, its tensors against those in `reference`."""
   with open(os.path.join(directory, "stderr"), errors="replace") as f:
     stderr = f.read()
   with open(os.path.join(directory, "damage.json")) as f:
     damage = fuzz_damage.Damage(**json.load(f))
   output = os.path.join(directory, "output")
-  direction = "to_huggingface" if trial.direction == "to_huggingface" else "to_maxtext"
   output_problem = values_differ = None
   if finished.returncode == 0 and not finished.killed:
     if direction == "to_maxtext":
       output_problem = maxtext_output_problem(output)
-    elif damage.stored_values:
-      values_differ = _compare(output, models.converted[trial.model].reference)
+    elif damage.stored_values and reference:
+      values_differ = _compare(output, reference)
   return Observed(finished, stderr, os.path.join(directory, "input"), looks_finished(output, direction),
                   _left_files(directory), output_problem, values_differ,
                   str(damage) if damage.must_refuse else None)
@@ -558,7 +563,9 @@ def run_trials(trials: Sequence[Trial], models: Models, runner: Runner, work_dir
       with open(os.path.join(job.directory, "setup_error")) as f:
         outcome = Outcome(trial, "setup", f.read().strip().splitlines()[-1], "", finished.seconds, 0)
     else:
-      cls, reason = classify(observe(trial, models, job.directory, finished))
+      back = trial.direction == "to_huggingface"
+      reference = models.converted[trial.model].reference if back else None
+      cls, reason = classify(observe(job.directory, finished, "to_huggingface" if back else "to_maxtext", reference))
       with open(os.path.join(job.directory, "damage.json")) as f:
         damage = str(fuzz_damage.Damage(**json.load(f)))
       outcome = Outcome(trial, cls, reason, damage, finished.seconds, finished.peak_rss_bytes)
