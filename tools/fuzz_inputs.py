@@ -142,13 +142,18 @@ def build_hf_models(root: str) -> dict[str, str]:
 @dataclasses.dataclass(frozen=True)
 class Converted:
   """A converted checkpoint trials damage: `path` holds OUT (its items at OUT/0/items), `reference` the intact
-  checkpoint converted back to HuggingFace."""
+  checkpoint converted back to HuggingFace, `relayout_digests` its arrays' digests (maxtext_digests) once laid out
+  again with each of RELAYOUT_FLAGS."""
 
   name: str
   source: str
   flags: tuple[str, ...]
   path: str = ""
   reference: str = ""
+  relayout_digests: tuple[dict, ...] = ()
+
+
+RELAYOUT_FLAGS: tuple[tuple[str, ...], ...] = ((), ("--scan_layers=false",))
 
 
 CONVERTED = (Converted("dense_scanned", "dense", ()),
@@ -194,7 +199,7 @@ def _draw_trial(rng: random.Random) -> tuple[str, str, tuple[str, ...]]:
   model = rng.choice([c.name for c in CONVERTED])
   if roll < 0.85:
     return "to_huggingface", model, rng.choice(((), (), ("--max_shard_size=100KB",)))
-  return "relayout", model, rng.choice(((), ("--scan_layers=false",)))
+  return "relayout", model, rng.choice(RELAYOUT_FLAGS)
 
 
 def plan_trial(seed: int, index: int) -> Trial:
@@ -460,9 +465,10 @@ def _left_files(directory: str) -> tuple[str, ...]:
 _TRIAL_FILES = frozenset({"input", "output", "tmp", "stdout", "stderr", "damage.json", "setup_error"})
 
 
-def observe(directory: str, finished: Finished, direction: str, reference: str | None = None) -> Observed:
+def observe(directory: str, finished: Finished, direction: str, reference: str | dict | None = None) -> Observed:
   """What the run in `directory` left there (its input, output, stderr, damage.json and tmp/); where it converted
-  a checkpoint with damaged stored values back to HuggingFace, its tensors against those in `reference`."""
+  a checkpoint with damaged stored values, its values against the intact checkpoint's: `reference`, the HF
+  directory the way back wrote from it, or the digests of its relayout (maxtext_digests)."""
   with open(os.path.join(directory, "stderr"), errors="replace") as f:
     stderr = f.read()
   with open(os.path.join(directory, "damage.json")) as f:
@@ -472,11 +478,60 @@ def observe(directory: str, finished: Finished, direction: str, reference: str |
   if finished.returncode == 0 and not finished.killed:
     if direction == "to_maxtext":
       output_problem = maxtext_output_problem(output)
+      if not output_problem and damage.stored_values and isinstance(reference, dict):
+        values_differ = _compare_digests(in_child(maxtext_digests, os.path.join(output, ITEMS)), reference)
     elif damage.stored_values and reference:
       values_differ = _compare(output, reference)
   return Observed(finished, stderr, os.path.join(directory, "input"), looks_finished(output, direction),
                   _left_files(directory), output_problem, values_differ,
                   str(damage) if damage.must_refuse else None)
+
+
+def maxtext_digests(items: str) -> dict[str, list]:
+  """Every array of the MaxText checkpoint at `items`: dtype, shape and a digest of its values. Through TensorStore,
+  which starts threads: call it through `in_child`."""
+  import tensorstore as ts  # pylint: disable=g-import-not-at-top
+
+  base = f"file://{items}"
+  store = ts.KvStore.open({"driver": "ocdbt", "base": base}).result()
+  leaves = sorted(k.decode()[: -len("/zarr.json")] for k in store.list().result() if k.endswith(b"/zarr.json"))
+  found = {}
+  for leaf in leaves:
+    array = ts.open({"driver": "zarr3", "kvstore": {"driver": "ocdbt", "base": base, "path": f"{leaf}/"}}).result()
+    values = array.read().result()
+    found[leaf] = [str(values.dtype), list(values.shape), hashlib.sha256(values.tobytes()).hexdigest()]
+  return found
+
+
+def in_child(function: Callable, *args) -> object:
+  """`function(*args)` (JSON in, JSON out) run in a forked child, so that the threads it starts stay out of the
+  fork server; an exception it raises comes back as {"error": ...}."""
+  read_fd, write_fd = os.pipe()
+  pid = os.fork()
+  if not pid:
+    os.close(read_fd)
+    try:
+      answer = {"value": function(*args)}
+    except BaseException as e:  # pylint: disable=broad-except
+      answer = {"error": f"{type(e).__name__}: {e}"}
+    with os.fdopen(write_fd, "w") as f:
+      json.dump(answer, f)
+    os._exit(0)  # pylint: disable=protected-access
+  os.close(write_fd)
+  with os.fdopen(read_fd) as f:
+    text = f.read()
+  os.waitpid(pid, 0)
+  return json.loads(text) if text else {"error": "the child died"}
+
+
+def _compare_digests(got: dict, expected: dict) -> str | None:
+  if "error" in got:
+    return f"the output's arrays do not read: {got['error']}"
+  got = got["value"]
+  for leaf in sorted(set(got) | set(expected)):
+    if got.get(leaf) != expected.get(leaf):
+      return f"{leaf} differs from the intact checkpoint's relayout"
+  return None
 
 
 def _compare(output: str, reference: str) -> str | None:
@@ -534,14 +589,25 @@ def build_models(root: str, runner: Runner) -> Models:
   back = [Job(c, os.path.join(root, f"{c.name}_back_run"),
               lambda _, c=c: ["--direction=to_huggingface", f"--checkpoint_path={os.path.join(c.path, ITEMS)}",
                               f"--output_dir={c.reference}"]) for c in converted.values()]
-  for jobs in (forward, back):
+  relayouts = [Job((c, i), os.path.join(root, f"{c.name}_relayout{i}_run"),
+                   lambda path, c=c, flags=flags: [f"--checkpoint_path={os.path.join(c.path, ITEMS)}",
+                                                   f"--output_dir={os.path.join(path, 'output')}",
+                                                   "--simulated_cpu_devices_count=1", *flags])
+               for c in converted.values() for i, flags in enumerate(RELAYOUT_FLAGS)]
+  digests = collections.defaultdict(dict)
+  for jobs in (forward, back + relayouts):
     for job in jobs:
       os.makedirs(job.directory)
     for job, finished in runner.run(jobs):
       if finished.returncode != 0:
         with open(os.path.join(job.directory, "stderr")) as f:
-          raise RuntimeError(f"building {job.key.name} failed ({finished}):\n{f.read()[-3000:]}")
+          raise RuntimeError(f"building {job.directory} failed ({finished}):\n{f.read()[-3000:]}")
+      if job in relayouts:
+        (c, i) = job.key
+        digests[c.name][i] = in_child(maxtext_digests, os.path.join(job.directory, "output", ITEMS))["value"]
       shutil.rmtree(job.directory)
+  converted = {name: dataclasses.replace(c, relayout_digests=tuple(digests[name][i] for i in range(len(RELAYOUT_FLAGS))))
+               for name, c in converted.items()}
   with open(built, "w") as f:
     json.dump({"hf": hf, "converted": {name: dataclasses.asdict(c) for name, c in converted.items()}}, f)
   return Models(hf, converted)
@@ -564,7 +630,11 @@ def run_trials(trials: Sequence[Trial], models: Models, runner: Runner, work_dir
         outcome = Outcome(trial, "setup", f.read().strip().splitlines()[-1], "", finished.seconds, 0)
     else:
       back = trial.direction == "to_huggingface"
-      reference = models.converted[trial.model].reference if back else None
+      reference = None
+      if back:
+        reference = models.converted[trial.model].reference
+      elif trial.direction == "relayout":
+        reference = models.converted[trial.model].relayout_digests[RELAYOUT_FLAGS.index(trial.flags)]
       cls, reason = classify(observe(job.directory, finished, "to_huggingface" if back else "to_maxtext", reference))
       with open(os.path.join(job.directory, "damage.json")) as f:
         damage = str(fuzz_damage.Damage(**json.load(f)))
