@@ -413,10 +413,15 @@ def damage_maxtext(root: str, items: str, rng: random.Random) -> Damage:
   if roll < 0.92:
     key, detail = damage_array_metadata(os.path.join(root, items), rng)
     return Damage(os.path.join(items, key), "array_metadata", detail, stored_values=True)
-  markers = [f for f in files if os.path.basename(f) == "commit_success.txt"]
-  for marker in markers:
-    os.remove(os.path.join(root, marker))
-  return Damage(step, "commit_markers", f"{len(markers)} commit markers deleted", must_refuse=True)
+  if rng.random() < 0.5:
+    markers = [f for f in files if os.path.basename(f) == "commit_success.txt"]
+    for marker in markers:
+      os.remove(os.path.join(root, marker))
+    return Damage(step, "commit_markers", f"{len(markers)} commit markers deleted (a local step's rename commits it)")
+  # As a killed save leaves a step on a local disk: never renamed into place.
+  uncommitted = f"{step}.orbax-checkpoint-tmp-{rng.randrange(10**9)}"
+  os.rename(os.path.join(root, step), os.path.join(root, uncommitted))
+  return Damage(uncommitted, "uncommitted", f"{step} never renamed into place", must_refuse=True)
 
 
 def damage_array_metadata(items_dir: str, rng: random.Random) -> tuple[str, str]:

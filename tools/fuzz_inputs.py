@@ -153,6 +153,7 @@ class Converted:
   relayout_digests: tuple[dict, ...] = ()
 
 
+MODELS_VERSION = 2  # Of build_models' output: models a work directory holds from another version are rebuilt.
 RELAYOUT_FLAGS: tuple[tuple[str, ...], ...] = ((), ("--scan_layers=false",))
 
 
@@ -218,7 +219,8 @@ def prepare_trial(trial: Trial, models: Models, directory: str) -> tuple[list[st
     argv = [f"--hf_model_path={inputs}", f"--output_dir={output}", "--simulated_cpu_devices_count=1"]
   else:
     damage = fuzz_damage.damage_maxtext(inputs, ITEMS, rng)
-    argv = [f"--checkpoint_path={os.path.join(inputs, ITEMS)}", f"--output_dir={output}"]
+    items = os.path.join(inputs, damage.file, "items") if damage.kind == "uncommitted" else os.path.join(inputs, ITEMS)
+    argv = [f"--checkpoint_path={items}", f"--output_dir={output}"]
     argv += ["--direction=to_huggingface"] if trial.direction == "to_huggingface" else [
         "--simulated_cpu_devices_count=1"]
   return argv + list(trial.flags), damage
@@ -575,9 +577,11 @@ def build_models(root: str, runner: Runner) -> Models:
   holds from an earlier run are reused (a replay with the same --work_dir then damages the very same files: the
   OCDBT data files a conversion writes are not the same from one conversion to the next)."""
   built = os.path.join(root, "models.json")
+  saved = {}
   if os.path.exists(built):
     with open(built) as f:
       saved = json.load(f)
+  if saved.get("version") == MODELS_VERSION:
     return Models(saved["hf"], {name: Converted(**c) for name, c in saved["converted"].items()})
   shutil.rmtree(root, ignore_errors=True)
   hf = build_hf_models(os.path.join(root, "hf"))
@@ -609,7 +613,7 @@ def build_models(root: str, runner: Runner) -> Models:
   converted = {name: dataclasses.replace(c, relayout_digests=tuple(digests[name][i] for i in range(len(RELAYOUT_FLAGS))))
                for name, c in converted.items()}
   with open(built, "w") as f:
-    json.dump({"hf": hf, "converted": {name: dataclasses.asdict(c) for name, c in converted.items()}}, f)
+    json.dump({"version": MODELS_VERSION, "hf": hf, "converted": {name: dataclasses.asdict(c) for name, c in converted.items()}}, f)
   return Models(hf, converted)
 
 
