@@ -29,7 +29,7 @@ from converter.ops import IntegerIds, Op, Slot, inverse_ops, is_exact, output_sh
 from converter.planning.loaders import ROW_BLOCK_BYTES, row_slabs, slab_ops
 from converter.reverse.safetensors_output import TensorSpec
 from converter.sources import SAFETENSORS_DTYPES
-from converter.sources.maxtext import model_tree
+from converter.sources.maxtext import check_recorded_dtype, model_tree
 
 if TYPE_CHECKING:  # Imported where used: planning needs only the reader's metadata.
   from converter.sources.checkpoint_reader import CheckpointReader, StoredArray
@@ -180,6 +180,8 @@ def plan_to_huggingface(
     reader = CheckpointReader(items_path, dequantize_fp8=True)
   tree = model_tree(reader.arrays, items_path)
   params = tree.params
+  for array in params.values():
+    check_recorded_dtype(items_path, array, record)
   check_claimed_counts(config, (a.shape for a in params.values()), items_path)
   # The tree says whether the towers were converted (a checkpoint MaxText's trainer wrote records nothing).
   towers = any(k[0] in TOWER_SUBTREES for k in params)

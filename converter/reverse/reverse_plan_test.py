@@ -202,6 +202,16 @@ class ReversePlanTest(parameterized.TestCase):
     with self.assertRaisesRegex(ConversionError, "decoder_norm/scale has dtype int32, not a float"):
       self.reverse(leaves, _record(TINY_QWEN3_CONFIG, "qwen3", True))
 
+  def test_a_leaf_in_another_dtype_than_the_recorded_one_is_refused(self):
+    _, leaves = _forward_leaves(self.qwen3_dir, scan_layers=True)
+    key = PARAMS + ("decoder", "decoder_norm", "scale")
+    leaves[key] = leaves[key].astype(np.float16)  # Same width as bfloat16: the bytes would decode as other values.
+    record = _record(TINY_QWEN3_CONFIG, "qwen3", True)
+    record["hf2maxtext"]["save_dtype"] = "bfloat16"
+    with self.assertRaisesRegex(ConversionError, "decoder_norm/scale is stored as float16 .* records the checkpoint"
+                                                 " as saved in bfloat16"):
+      self.reverse(leaves, record)
+
   def test_leaves_the_family_does_not_use_are_refused(self):
     _, leaves = _forward_leaves(self.qwen3_dir, scan_layers=True)
     leaves[PARAMS + ("decoder", "extra", "kernel")] = np.zeros((2, 2), np.float32)

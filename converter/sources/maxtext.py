@@ -190,13 +190,29 @@ def open_maxtext(items_path: str, raw_fp8: bool = False) -> MaxTextSource:
   native fp8 checkpoint's FP8 kernels are presented dequantized (float32, as MaxText computes with them), or with
   `raw_fp8` as stored, each beside its `<name>_scale` leaf."""
   tree = model_tree(_reader(items_path, raw_fp8).arrays, items_path)
+  record = ConversionRecord.read(items_path)
   tensors = {}
   for path, array in tree.params.items():
     if array.dtype.kind not in "fV":
       raise ConversionError(f"{items_path}: leaf {'/'.join(array.path)} has dtype {array.dtype}, not a float")
+    check_recorded_dtype(items_path, array, record)
     tensors["/".join(path)] = MaxTextTensor(items_path, array.path, array.shape, array.dtype, raw_fp8=raw_fp8)
-  return MaxTextSource(items_path, tensors, (orbax_layout.tree_metadata_path(items_path),),
-                       ConversionRecord.read(items_path), tree)
+  return MaxTextSource(items_path, tensors, (orbax_layout.tree_metadata_path(items_path),), record, tree)
+
+
+def check_recorded_dtype(items_path: str, array: Any, record: ConversionRecord) -> None:
+  """A checkpoint whose record names its save dtype stores each weight in it, in float32 (a leaf kept in float32;
+  a native fp8 kernel presented dequantized, or its scales) or, where the record says FP8 was kept, in FP8. Another
+  float of the same width (an array's zarr.json saying float16 where bfloat16 was written) would decode the stored
+  bytes as other values, and no chunk checksum covers that."""
+  dtype = array.dtype.name
+  if not isinstance(record.save_dtype, str) or dtype in (record.save_dtype, "float32"):
+    return
+  if record.fp8 and "float8" in dtype:
+    return
+  raise ConversionError(f"{items_path}: leaf {'/'.join(array.path)} is stored as {dtype} (its zarr.json), but"
+                        f" {orbax_layout.metadata_path(items_path)} records the checkpoint as saved in"
+                        f" {record.save_dtype}")
 
 
 _lock = threading.Lock()

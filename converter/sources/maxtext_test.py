@@ -2,9 +2,11 @@
 leaves and their per-layer slices read back as stored, and what it states of itself for the record."""
 
 import os
+import shutil
 import tempfile
 
 import numpy as np
+import tensorstore as ts
 from absl.testing import absltest
 
 from converter import conversion
@@ -71,6 +73,18 @@ class MaxTextSourceTest(absltest.TestCase):
     self.assertEqual((facts.original.family, facts.quant_method, facts.lora_adapter), ("qwen3", None, None))
     self.assertGreater(self.source.read_cache_bytes, 0)
     self.assertEqual(self.source.files, (os.path.join(self.items, layout.TREE_METADATA),))
+
+  def test_a_leaf_stored_in_another_dtype_than_the_record_says_is_refused(self):
+    step = os.path.join(tempfile.mkdtemp(dir=absltest.get_default_test_tmpdir()), "0")
+    shutil.copytree(os.path.dirname(self.items), step)
+    items = os.path.join(step, layout.ITEMS)
+    store = ts.KvStore.open({"driver": "ocdbt", "base": f"file://{items}"}).result()
+    key = "params.params.decoder.decoder_norm.scale/zarr.json"
+    store.write(key, store.read(key).result().value.replace(b'"float32"', b'"bfloat16"')).result()
+    with self.assertRaisesRegex(ConversionError, f"{items}: leaf params/params/decoder/decoder_norm/scale is stored"
+                                f" as bfloat16 .* {step}/_CHECKPOINT_METADATA records the checkpoint as saved in"
+                                " float32"):
+      maxtext.open_maxtext(items)
 
 
 if __name__ == "__main__":
