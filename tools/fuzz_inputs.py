@@ -695,7 +695,7 @@ _TRIAL = flags.DEFINE_integer("trial", None, "Only this trial of --seed (a repla
 _JOBS = flags.DEFINE_integer("jobs", 2, "Trials run at once.", lower_bound=1)
 _FORK = flags.DEFINE_boolean("fork", True, "Fork each trial from this process, the converter already imported;"
                              " false: exec the converter binary in each trial's child (a process start each).")
-_MEMORY_LIMIT_MB = flags.DEFINE_integer("memory_limit_mb", 2048, "A trial's resident memory above this is killed"
+_MEMORY_LIMIT_MB = flags.DEFINE_integer("memory_limit_mb", 1024, "A trial's resident memory above this is killed"
                                         " (class memory).", lower_bound=64)
 _TRIAL_TIMEOUT_S = flags.DEFINE_float("trial_timeout_s", 120.0, "A trial running longer is killed (class timeout).")
 _WORK_DIR = flags.DEFINE_string("work_dir", None, "Where models and trials are written (default: a temporary"

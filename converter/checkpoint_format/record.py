@@ -88,6 +88,11 @@ class SourceFacts:
   original: ConversionRecord | None = None  # A MaxText checkpoint laid out again: its own record of its original.
 
 
+def recorded_field(items_path: str, name: str) -> str:
+  """Where the record of the checkpoint at `items_path` keeps its field `name`, as an error names it."""
+  return f"{layout.metadata_path(items_path)} (custom_metadata.{KEY}.{name})"
+
+
 def step_custom_metadata(items_path: str) -> dict[str, Any]:
   """custom_metadata of the step's _CHECKPOINT_METADATA ({} when the file or the entry is absent)."""
   path = layout.metadata_path(items_path)

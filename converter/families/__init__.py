@@ -45,11 +45,12 @@ def family_for_architecture(architecture: str, config_path: str = "config.json",
   )
 
 
-def family_by_name(name: str) -> Family:
+def family_by_name(name: str, named_by: str = "--family") -> Family:
+  """The family called `name`; `named_by` says where the name came from (a flag, a checkpoint's record)."""
   for family in FAMILIES:
     if family.name == name:
       return family
-  raise ConversionError(f"unknown family {name!r}; known: {', '.join(f.name for f in FAMILIES)}")
+  raise ConversionError(f"{named_by}: unknown family {name!r}; known: {', '.join(f.name for f in FAMILIES)}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,10 +98,11 @@ class ResolvedModel:
 
 
 def resolve(config: ModelConfig, *, target_model: str | None = None, family: str | None = None,
-            text_only: bool = False) -> ResolvedModel:
+            family_named_by: str = "--family", text_only: bool = False) -> ResolvedModel:
   """The family (by name, else by architecture), the target (given, else inferred), its runtime and, unless
   `text_only`, the checkpoint's towers."""
-  fam = family_by_name(family) if family else family_for_architecture(config.architecture, config.path, config)
+  fam = (family_by_name(family, family_named_by) if family
+         else family_for_architecture(config.architecture, config.path, config))
   common.rope_parameters(config)  # Refused as transformers would refuse it, whether or not the family reads it.
   if config.architecture not in fam.architectures:
     raise ConversionError(f"{config.path}: architecture {config.architecture!r} is not one family {fam.name} converts"

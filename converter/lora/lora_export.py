@@ -31,7 +31,7 @@ from converter.families import Param
 from converter.model_config import check_claimed_counts, parse_model_config
 from converter.ops import DivideInFloat32, InterleaveRope, Op, Reshape, ScaleInFloat32, Transpose
 from converter.options import ReverseOptions
-from converter.checkpoint_format.record import ConversionRecord, original_config, step_custom_metadata
+from converter.checkpoint_format.record import ConversionRecord, original_config, recorded_field, step_custom_metadata
 from converter.checkpoint_format.layout import items_path_of
 from converter.families import leaf_index
 from converter.sources.lora import add_update
@@ -188,6 +188,7 @@ def plan_adapter_export(checkpoint_path: str, options: ReverseOptions, reader=No
     scan_layers = any(k[:2] == ("decoder", "layers") for k in leaves)
   check_claimed_counts(config, (a.shape for _, a in leaves.values()), items_path)
   model = families.resolve(config, family=options.family or record.family,
+                           family_named_by="--family" if options.family else recorded_field(items_path, "family"),
                            target_model=options.target_model or record.target_model, text_only=True)
   layout = model.layout(config.vocab_size, scan_layers)
   modules, used = [], set()

@@ -31,7 +31,7 @@ from converter.model_config import check_claimed_counts, parse_model_config
 from converter.ops import output_shape
 from converter.options import PlanOptions, ReverseOptions
 from converter.checkpoint_format.layout import items_path_of, metadata_path
-from converter.checkpoint_format.record import ConversionRecord, original_config
+from converter.checkpoint_format.record import ConversionRecord, original_config, recorded_field
 from converter.families import TOWER_SUBTREES, leaf_shape
 from converter.sources.maxtext import EMBEDDING, MaxTextSource, MaxTextTensor, open_maxtext
 
@@ -106,6 +106,7 @@ def plan_relayout(checkpoint_path: str, options: PlanOptions, *, family: str | N
   check_claimed_counts(config, (t.shape for t in source.tensors.values()), items_path)
   towers = any(name.split("/")[0] in TOWER_SUBTREES for name in source.tensors)
   model = families.resolve(config, family=family or record.family,
+                           family_named_by="--family" if family else recorded_field(items_path, "family"),
                            target_model=options.target_model or record.target_model, text_only=not towers)
   embedding = source.tensors.get("/".join(EMBEDDING))
   if embedding is None:

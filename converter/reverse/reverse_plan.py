@@ -21,7 +21,7 @@ from converter.arrays import Shape
 from converter import families, storage
 from converter.checkpoint_format.layout import items_path_of
 from converter.checkpoint_format.original import Original
-from converter.checkpoint_format.record import ConversionRecord, original_config, original_model
+from converter.checkpoint_format.record import ConversionRecord, original_config, original_model, recorded_field
 from converter.errors import ConversionError
 from converter.families import TOWER_SUBTREES, Family, LayerGroup, Param, leaf_index, leaf_shape
 from converter.model_config import ModelConfig, check_claimed_counts, parse_model_config
@@ -186,6 +186,7 @@ def plan_to_huggingface(
   # The tree says whether the towers were converted (a checkpoint MaxText's trainer wrote records nothing).
   towers = any(k[0] in TOWER_SUBTREES for k in params)
   model = families.resolve(config, family=family or record.family, target_model=target_model or record.target_model,
+                           family_named_by="--family" if family else recorded_field(items_path, "family"),
                            text_only=not towers)
   fam, target = model.family, model.target
   if towers and not model.multimodal:

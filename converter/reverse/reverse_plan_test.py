@@ -212,6 +212,12 @@ class ReversePlanTest(parameterized.TestCase):
                                                  " as saved in bfloat16"):
       self.reverse(leaves, record)
 
+  def test_an_unknown_recorded_family_names_the_record(self):
+    _, leaves = _forward_leaves(self.qwen3_dir, scan_layers=True)
+    with self.assertRaisesRegex(ConversionError, r"_CHECKPOINT_METADATA \(custom_metadata.hf2maxtext.family\): unknown"
+                                                 r" family 'qwen9'"):
+      self.reverse(leaves, _record(TINY_QWEN3_CONFIG, "qwen9", True))
+
   def test_leaves_the_family_does_not_use_are_refused(self):
     _, leaves = _forward_leaves(self.qwen3_dir, scan_layers=True)
     leaves[PARAMS + ("decoder", "extra", "kernel")] = np.zeros((2, 2), np.float32)
