@@ -1,4 +1,4 @@
-"""Array kernels shared by the plan's ops and the sources' dequantizers."""
+"""Array kernels shared by the plan's ops and the sources' dequantizers, and how array sizes are printed."""
 
 from __future__ import annotations
 
@@ -106,3 +106,13 @@ def _transpose_tiles(target: np.ndarray, source: np.ndarray) -> None:
       tile = scratch[..., :n, :width]
       tile[...] = source[..., start : start + n, columns]
       target[..., columns, start : start + n] = np.swapaxes(tile, -1, -2)
+
+
+def human_bytes(n: float) -> str:
+  """`n` bytes as the dry runs print them: 512 B, 1.5 KiB, ..., 2.0 TiB."""
+  units = ("B", "KiB", "MiB", "GiB", "TiB")
+  k = 0
+  while n >= 1024 and k < len(units) - 1:
+    n /= 1024
+    k += 1
+  return f"{int(n)} B" if k == 0 else f"{n:.1f} {units[k]}"

@@ -38,6 +38,7 @@ def plan_conversion(hf_model_path: str, options: PlanOptions) -> Plan:
   """Everything checkable from config.json and the safetensors headers (and a LoRA adapter's config and header),
   before a byte is written."""
   config = load_model_config(hf_model_path)
+  families.family_for_architecture(config.architecture, config.path, config)  # Named before the tensors are read.
   sources.check_quantization(config.raw, config.path)
   source = sources.open_source(hf_model_path, config.raw, config.path)
   check_claimed_counts(config, (t.shape for t in source.tensors.values()), source.location)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import math
 
+from converter.arrays import human_bytes
 from converter.layout import chunking
 from converter.planning import loaders
 from converter.planning.lazy_leaves import write_blocks
@@ -18,15 +19,6 @@ from handlers.blocks import host_group, inner_chunk_shape, write_shape
 # MaxText source's chunk caches. Dequantizing sources peak no higher than others since the B-tree cache went.
 INFLIGHT_OVERHEAD = 1.8
 WRITER_BYTES = 72 << 20
-
-
-def _human(n: float) -> str:
-  units = ("B", "KiB", "MiB", "GiB", "TiB")
-  k = 0
-  while n >= 1024 and k < len(units) - 1:
-    n /= 1024
-    k += 1
-  return f"{int(n)} B" if k == 0 else f"{n:.1f} {units[k]}"
 
 
 def predicted_peak_bytes(plan: Plan, baseline_bytes: int, max_inflight_bytes: int,
@@ -91,11 +83,11 @@ def describe(plan: Plan, *, baseline_bytes: int, max_inflight_bytes: int, shares
       "",
       f"leaves:            {len(plan.leaves)}",
       f"source tensors:    {sum(tensors.values())} ({', '.join(f'{n} {f}' for f, n in sorted(tensors.items()))})",
-      f"bytes to write:    {plan.total_bytes:,} ({_human(plan.total_bytes)})",
+      f"bytes to write:    {plan.total_bytes:,} ({human_bytes(plan.total_bytes)})",
       f"transposed bytes:  {transposed:,} ({transposed / max(1, plan.total_bytes):.0%}: HF and MaxText order their"
       " axes differently)",
-      f"predicted peak RSS: {_human(predicted_peak_bytes(plan, baseline_bytes, max_inflight_bytes, block_shapes))}"
-      f" (budget {_human(max_inflight_bytes)})",
+      f"predicted peak RSS: {human_bytes(predicted_peak_bytes(plan, baseline_bytes, max_inflight_bytes, block_shapes))}"
+      f" (budget {human_bytes(max_inflight_bytes)})",
   ]
   meshes = (plan.chunking.target_mesh,) if plan.chunking.target_mesh else chunking.DEFAULT_MESHES
   lines.append(f"chunks:            {plan.chunking.record()}")

@@ -155,8 +155,15 @@ def assert_refused(test: Any, model_dir: str, *expected: str, flags: tuple[str, 
   """Converting `model_dir` exits 1 with exactly one `error:` line holding every `expected` text, no traceback and
   nothing that looks committed; returns that line."""
   out = out or scratch_dir("out-")
-  result = run_converter(f"--hf_model_path={model_dir}", f"--output_dir={out}", "--simulated_cpu_devices_count=1",
-                         *flags, check=False)
+  return assert_run_refused(test, out, f"--hf_model_path={model_dir}", "--simulated_cpu_devices_count=1", *flags,
+                            expected=expected)
+
+
+def assert_run_refused(test: Any, out: str, *args: str, expected: tuple[str, ...] = ()) -> str:
+  """The converter run with `args` into `out` exits 1 with exactly one `error:` line holding every `expected` text,
+  no traceback and nothing under `out` that looks committed (an Orbax step or a published HF model); returns that
+  line."""
+  result = run_converter(*args, f"--output_dir={out}", check=False)
   test.assertEqual(result.returncode, 1, result.stderr[-2000:])
   error_lines = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
   test.assertLen(error_lines, 1, result.stderr[-2000:])
@@ -164,6 +171,7 @@ def assert_refused(test: Any, model_dir: str, *expected: str, flags: tuple[str, 
     test.assertIn(text, error_lines[0])
   test.assertNotIn("Traceback", result.stderr)
   test.assertEqual(committed_files(out), [])
+  test.assertFalse(os.path.exists(os.path.join(out, "config.json")))
   return error_lines[0]
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from converter.arrays import human_bytes
 from converter.checkpoint_format.record import leaf_name
 from converter.options import ReverseOptions
 from converter.reverse.reverse_plan import HfPart, HfTensor
@@ -24,15 +25,6 @@ from converter.reverse.to_huggingface import ReadAhead, WayBack
 # whatever the budget (the worker threads' arenas and read buffers, TensorStore's open stores).
 INFLIGHT_OVERHEAD = 2.0
 WRITER_BYTES = 48 << 20
-
-
-def _human(n: float) -> str:
-  units = ("B", "KiB", "MiB", "GiB", "TiB")
-  k = 0
-  while n >= 1024 and k < len(units) - 1:
-    n /= 1024
-    k += 1
-  return f"{int(n)} B" if k == 0 else f"{n:.1f} {units[k]}"
 
 
 def _show_index(index: tuple[Any, ...]) -> str:
@@ -111,7 +103,7 @@ def describe(way_back: WayBack, options: ReverseOptions, *, baseline_bytes: int)
   inexact = len(plan.inexact_tensors)
   lines += ["", f"tensors:           {len(plan.tensors)}" + (f" ({inexact} undone in float arithmetic, within one"
                                                              " ulp)" if inexact else "")]
-  lines.append(f"bytes to write:    {plan.total_bytes:,} ({_human(plan.total_bytes)})")
+  lines.append(f"bytes to write:    {plan.total_bytes:,} ({human_bytes(plan.total_bytes)})")
   lines.append(f"shards:            {len(way_back.names)} (--max_shard_size={options.max_shard_size})")
   for name, shard in zip(way_back.names, way_back.shards):
     lines.append(f"file:              {name}: {len(shard)} tensors, {sum(t.nbytes for t in shard):,} bytes")
@@ -123,7 +115,7 @@ def describe(way_back: WayBack, options: ReverseOptions, *, baseline_bytes: int)
     export = way_back.merge.export
     lines.append(f"lora:              {len(export.modules)} modules merged in float32, r {export.rank}, lora_alpha"
                  f" {export.alpha:g}, from {export.items_path}")
-  lines.append(f"predicted peak RSS: {_human(peak)} (read ahead {_human(options.read_ahead_bytes)}, open leaves'"
-               f" chunk caches up to {_human(caches)})")
+  lines.append(f"predicted peak RSS: {human_bytes(peak)} (read ahead {human_bytes(options.read_ahead_bytes)}, open leaves'"
+               f" chunk caches up to {human_bytes(caches)})")
   lines += [f"warning: {w}" for w in plan.warnings]
   return "\n".join(lines)

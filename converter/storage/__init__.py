@@ -196,6 +196,7 @@ def size(path: str) -> int:
   try:
     return int(epath_of(path).stat().length)
   except Exception as e:  # pylint: disable=broad-except
+    check_bucket(path)  # A missing bucket is named as such (gcsfs says only that the object is not found).
     raise remote_error(path, e, "reading the size of") from e
 
 
