@@ -10,6 +10,7 @@ MaxText then loads it with `load_parameters_path=<output_dir>/0/items`. And back
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import os
@@ -160,8 +161,10 @@ def _resolve(path: str) -> str:
   return storage.resolve(path)
 
 
+@functools.cache
 def _checkpoint_path() -> str:
-  """--checkpoint_path as one step's checkpoint: a run directory's --step chosen (checkpoint_format/steps.py)."""
+  """--checkpoint_path as one step's checkpoint: a run directory's --step chosen (checkpoint_format/steps.py); found
+  once per run (the commit check and the conversion both ask, and on a bucket each look lists and stats objects)."""
   from converter.checkpoint_format import steps  # pylint: disable=g-import-not-at-top
 
   return steps.checkpoint_of(FLAGS.checkpoint_path, FLAGS.step, step_given=FLAGS["step"].present)
