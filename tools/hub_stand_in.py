@@ -73,17 +73,22 @@ class HubStandIn:
 
     class Handler(http.server.BaseHTTPRequestHandler):
       protocol_version = "HTTP/1.1"
+      # Headers and body go out in two writes: with Nagle's algorithm the second waits for the client's delayed
+      # ACK of the first, 40 ms on every small answer over a kept-alive connection.
+      disable_nagle_algorithm = True
 
       def log_message(self, *args):
         del args
 
       def _send(self, status: int, body: bytes = b"", headers: dict[str, str] | None = None) -> None:
+        """The answer with `body`; to a HEAD, its length alone (a body there would be read as the next answer)."""
         self.send_response(status)
         for key, value in (headers or {}).items():
           self.send_header(key, value)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
-        self.wfile.write(body)
+        if self.command != "HEAD":
+          self.wfile.write(body)
 
       def _json(self, value, status: int = 200) -> None:
         self._send(status, json.dumps(value).encode(), {"Content-Type": "application/json"})
@@ -356,7 +361,8 @@ class HubStandIn:
 
     self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     self._server.daemon_threads = True
-    self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+    # Polled often: each test's stand-in stops at once (shutdown waits for the next poll).
+    self._thread = threading.Thread(target=self._server.serve_forever, args=(0.02,), daemon=True)
 
   def _object_path(self, oid: str, part: int | None = None) -> str:
     return os.path.join(self._root, "lfs", oid if part is None else f"{oid}.part{part}")
