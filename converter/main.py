@@ -45,7 +45,13 @@ flags.DEFINE_enum("direction", "to_maxtext", ["to_maxtext", "to_huggingface"],
                   "to_maxtext: HF safetensors -> Orbax checkpoint. to_huggingface: Orbax checkpoint -> HF safetensors.")
 flags.DEFINE_string("hf_model_path", None, "HF checkpoint: a directory (config.json + safetensors), a bucket path"
                     " (gs://BUCKET/DIR) or a Hub repo id (ORG/NAME, see --revision); to_maxtext only.")
-flags.DEFINE_string("revision", "main", "Hub revision (branch, tag or commit) when --hf_model_path is a repo id.")
+flags.DEFINE_string("revision", "main", "Hub revision (branch, tag or commit) when --hf_model_path is a repo id;"
+                    " resolved once to its commit, which every read names and the conversion record keeps.")
+flags.DEFINE_boolean("hub_download_first", False, "A Hub repo id's files are downloaded whole into the HF cache before"
+                     " they are read (a cached copy for later runs, at the model's size on disk), instead of reading"
+                     " the weights by range requests as the conversion needs them (docs/buckets-and-hub.md).")
+flags.DEFINE_integer("hub_connections", 16, "Range requests to the Hub in flight at once; a read larger than 8 MiB is"
+                     " fetched in parts over several of them.", lower_bound=1)
 flags.DEFINE_string("lora_adapter_path", None, "to_maxtext: a PEFT LoRA adapter (adapter_config.json +"
                     " adapter_model.safetensors) merged into the weights while converting: a directory, a bucket"
                     " path or a Hub repo id, as --hf_model_path (docs/lora.md).")
@@ -170,19 +176,23 @@ def _checkpoint_path() -> str:
   return steps.checkpoint_of(FLAGS.checkpoint_path, FLAGS.step, step_given=FLAGS["step"].present)
 
 
-def _model_path(value: str, adapter: bool = False, config_only: bool = False) -> str:
-  """--hf_model_path (--lora_adapter_path with `adapter`): a bucket path, a local directory, or a Hub repo id
-  resolved to the local HF cache (with `config_only`, only its config.json fetched)."""
-  from converter import hub  # pylint: disable=g-import-not-at-top
+def _model_path(value: str, adapter: bool = False) -> str:
+  """--hf_model_path, --hf_config_path (--lora_adapter_path with `adapter`): a bucket path, a local directory, or a
+  Hub repo (ORG/NAME, hf://ORG/NAME[@REVISION]) as `hf://ORG/NAME@COMMIT`, its revision resolved once. With several
+  processes the primary resolves it and the others take its commit, so that all read the same files."""
+  from converter.storage import hub  # pylint: disable=g-import-not-at-top
 
   local = _resolve(value)
-  if hub.looks_like_repo_id(value, local):
-    if adapter:
-      return hub.resolve_adapter_path(value, FLAGS.lora_adapter_revision)
-    if config_only:
-      return hub.resolve_config_path(value, FLAGS.revision)
-    return hub.resolve_model_path(value, FLAGS.revision)
-  return local
+  if not hub.is_hub(value) and not hub.looks_like_repo_id(value, local):
+    return local
+  revision, first_file = ((FLAGS.lora_adapter_revision, "adapter_config.json") if adapter
+                          else (FLAGS.revision, "config.json"))
+  resolve = lambda: hub.repo_directory(value, revision, first_file)
+  if _several_processes() and not FLAGS.dry_run:
+    from converter import processes  # pylint: disable=g-import-not-at-top
+
+    return processes.primary_value(f"hub/{value}@{revision}", resolve)
+  return resolve()
 
 
 def _start_jax(devices: int, distributed: bool = False) -> None:
@@ -218,7 +228,7 @@ def _reverse_options() -> ReverseOptions:
   return ReverseOptions(
       max_shard_size=FLAGS.max_shard_size,
       family=FLAGS.family,
-      hf_config_path=_resolve(FLAGS.hf_config_path) if FLAGS.hf_config_path else None,
+      hf_config_path=_model_path(FLAGS.hf_config_path) if FLAGS.hf_config_path else None,
       target_model=FLAGS.target_model,
       read_ahead_bytes=FLAGS.max_inflight_bytes,
       lora_alpha=FLAGS.lora_alpha,
@@ -409,7 +419,7 @@ def _plan() -> Plan:
 
     return relayout.plan_relayout(
         _checkpoint_path(), _plan_options(), family=FLAGS.family,
-        hf_config_path=_resolve(FLAGS.hf_config_path) if FLAGS.hf_config_path else None,
+        hf_config_path=_model_path(FLAGS.hf_config_path) if FLAGS.hf_config_path else None,
         lora_checkpoint_path=_resolve(FLAGS.lora_checkpoint_path) if FLAGS.lora_checkpoint_path else None,
         lora_alpha=FLAGS.lora_alpha)
   from converter import conversion  # pylint: disable=g-import-not-at-top
@@ -463,6 +473,7 @@ def _run_to_maxtext(plan: Plan, start: float, early_reads: EarlyReads | None = N
   elif plan.source.quant_method:
     print(f"source:        {plan.source.quant_method} weights, dequantized while streaming")
   _print_lora(plan)
+  _print_hub_reads()
   print(f"bytes:         {plan.total_bytes:,}")
   print(f"seconds:       {seconds:.2f}")
   print(f"peak RSS:      {_peak_rss_bytes() / 2**20:.0f} MiB")
@@ -481,6 +492,13 @@ def _run_to_maxtext(plan: Plan, start: float, early_reads: EarlyReads | None = N
     _verify(plan, result.items_path, run.processes)
 
 
+def _print_hub_reads() -> None:
+  from converter.storage import hub  # pylint: disable=g-import-not-at-top
+
+  if hub.stats().resolves:
+    print(f"hub reads:     {hub.stats().describe()}")
+
+
 def _write_lora_checkpoint() -> None:
   """--lora_adapter_only: the PEFT adapter as a MaxText LoRA checkpoint."""
   from converter.lora import lora_checkpoint  # pylint: disable=g-import-not-at-top
@@ -491,7 +509,7 @@ def _write_lora_checkpoint() -> None:
     raise app.UsageError("--lora_adapter_only needs --lora_adapter_path")
   start = time.monotonic()
   adapter = lora.read_adapter(_model_path(FLAGS.lora_adapter_path, adapter=True))
-  config = load_model_config(_model_path(FLAGS.hf_model_path, config_only=True))
+  config = load_model_config(_model_path(FLAGS.hf_model_path))
   checkpoint = lora_checkpoint.plan_lora_checkpoint(adapter, config, target_model=FLAGS.target_model,
                                                     scan_layers=FLAGS.scan_layers, save_dtype=FLAGS.save_dtype)
   output_dir = _resolve(FLAGS.output_dir)
@@ -622,6 +640,8 @@ def _main(argv: list[str]) -> None:
 
   storage.configure_emulator()  # Before tensorstore or gcsfs read their settings.
   storage.set_request_retries(FLAGS.storage_retries)
+  storage.hub.configure(download_first=FLAGS.hub_download_first, connections=FLAGS.hub_connections,
+                        max_retries=FLAGS.storage_retries)
   if not FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)  # Orbax logs every step at INFO; -v=0 brings it back.
     logging.get_absl_handler().addFilter(library_logs.drop_library_tracebacks)

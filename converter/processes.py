@@ -16,7 +16,7 @@ import socket
 import sys
 import threading
 import time
-from typing import Iterator
+from typing import Callable, Iterator
 
 from converter.errors import ConversionError
 from handlers.shares import Processes
@@ -132,6 +132,31 @@ class CoordinatorClaims:
       if "ALREADY_EXISTS" not in str(e):
         raise ConversionError(f"claiming a share of the work from the coordinator failed: {e}") from e
     return int(self._client.key_value_try_get(key))
+
+
+_FAILED = "\0failed: "
+
+
+def primary_value(name: str, compute: Callable[[], str], timeout_s: float = BARRIER_TIMEOUT_S) -> str:
+  """`compute()` as the primary process computes it, for every process: what must not differ between them (a Hub
+  revision's commit, which a commit landing between two processes' requests would change)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+
+  key = f"hf2maxtext/primary/{name}"
+  client = ocp.multihost.get_jax_distributed_client()
+  if jax.process_index() == 0:
+    try:
+      value = compute()
+    except ConversionError as e:
+      client.key_value_set(key, _FAILED + str(e))  # The others fail with the same line instead of waiting.
+      raise
+    client.key_value_set(key, value)
+    return value
+  value = client.blocking_key_value_get(key, int(timeout_s * 1000))
+  if value.startswith(_FAILED):
+    raise ConversionError(value.removeprefix(_FAILED))
+  return value
 
 
 def claims(processes: Processes) -> CoordinatorClaims | None:

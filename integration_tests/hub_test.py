@@ -1,5 +1,7 @@
-"""`--hf_model_path=ORG/NAME`: through a local stand-in for the Hub's file endpoint, and offline from a cache laid
-out as huggingface_hub lays it out; the result equals converting the same files from a local directory. And
+"""`--hf_model_path=ORG/NAME`: through a local stand-in that serves as the Hub does (a redirect to a storage host
+answering range requests, faults, a commit landing mid-run, gated and private repos), straight into a bucket and
+resumed there, with --hub_download_first, and offline from a cache laid out as huggingface_hub lays it out; the
+result equals converting the same files from a local directory. And
 `--output_dir=hf://ORG/NAME[@BRANCH]`, the way back pushed through the stand-in's upload endpoints (LFS, as
 huggingface_hub sends with Xet off): its files equal the local way back's, an interrupted push sends only what is
 missing when run again, and a refused token or a repo holding another checkpoint is said and changes nothing."""
@@ -7,17 +9,21 @@ missing when run again, and a refused token or a repo holding another checkpoint
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import subprocess
+import threading
+import time
 
 from absl.testing import absltest
 
 from integration_tests import fixtures, harness
-from tools import hub_stand_in
+from tools import gcs_emulator, hub_stand_in
 
 harness.start_jax()
 
+from converter.checkpoint_format.record import ConversionRecord  # pylint: disable=g-import-not-at-top
 from tools import checkpoint_io  # pylint: disable=g-import-not-at-top
 
 REPO = "tiny-org/tiny-moe"
@@ -40,9 +46,10 @@ class HubTest(absltest.TestCase):
     cls.reference = cls.convert(cls.model)
 
   @classmethod
-  def convert(cls, model: str, *flags: str, env: dict[str, str] | None = None,
-              check: bool = True) -> str | subprocess.CompletedProcess:
-    out = os.path.join(harness.scratch_dir("hub-out-"), "out")
+  def convert(cls, model: str, *flags: str, env: dict[str, str] | None = None, check: bool = True,
+              out: str | None = None, both: bool = False) -> str | subprocess.CompletedProcess:
+    """The output directory (with `both`, and the run; without `check`, the run alone)."""
+    out = out or os.path.join(harness.scratch_dir("hub-out-"), "out")
     child_env = harness.converter_env(**(env or {}))
     if env is not None and "HF_HUB_OFFLINE" not in env:
       child_env.pop("HF_HUB_OFFLINE", None)  # The test suites set it; these tests choose.
@@ -53,7 +60,25 @@ class HubTest(absltest.TestCase):
       return result
     if result.returncode != 0:
       raise AssertionError(f"converting {model} failed:\n{result.stderr[-3000:]}")
-    return out
+    return (out, result) if both else out
+
+  def assert_read_by_ranges(self, hub: hub_stand_in.HubStandIn, cache: str, scratch: str) -> None:
+    """The weights came by ranged reads of the storage host, each byte once; only the config and the index reached
+    the disk; the token stayed with the Hub."""
+    self.assertEqual(sorted(hub.requested), ["config.json", "model.safetensors.index.json"])
+    self.assertEqual(hub.storage_authorizations, [])
+    needed = sum(os.path.getsize(os.path.join(self.model, shard)) for shard in self.shards)
+    self.assertLessEqual(hub.bytes_sent, 1.02 * needed)
+    for shard in self.shards:
+      spans = sorted((start, stop) for name, start, stop in hub.ranges if name == shard)
+      self.assertTrue(spans, shard)
+      for (_, stop), (start, _) in zip(spans, spans[1:]):
+        self.assertLessEqual(stop, start, f"{shard}: bytes fetched twice")
+    stored = [os.path.join(d, n) for d, _, names in os.walk(cache) for n in names]
+    self.assertEqual(sorted(os.path.basename(p) for p in stored if "/snapshots/" in p),
+                     ["config.json", "model.safetensors.index.json"])
+    self.assertLess(max(os.path.getsize(p) for p in stored), 1 << 20)
+    self.assertEqual(os.listdir(scratch), [])
 
   def assert_same_as_local(self, out: str) -> None:
     diffs = checkpoint_io.trees_bit_identical(checkpoint_io.restore_v0(os.path.join(out, "0", "items")),
@@ -180,19 +205,141 @@ class HubTest(absltest.TestCase):
     self.assertNotEqual(result.returncode, 0)
     self.assertIn("--output_dir=hf://... (and --hub_private) are the way back's", result.stderr)
 
-  def test_downloads_only_what_the_conversion_reads(self):
+  def test_weights_read_by_ranges_at_one_commit_through_faults(self):
+    """A 429, a 503 and a dropped connection are retried and reported; a commit landing on main after the first
+    weights were read changes nothing of the checkpoint, which records the commit it read."""
+    cache, scratch = harness.scratch_dir("hub-cache-"), harness.scratch_dir("hub-tmp-")
+    repo = harness.scratch_dir("hub-repo-")
+    for name in os.listdir(self.model):
+      shutil.copyfile(os.path.join(self.model, name), os.path.join(repo, name))
+    changed = {}
+    for shard in self.shards:  # Same header, other values: mixing the new commit in would change the checkpoint.
+      with open(os.path.join(self.model, shard), "rb") as f:
+        data = bytearray(f.read())
+      data[-4096:] = bytes(b ^ 0x55 for b in data[-4096:])
+      changed[shard] = bytes(data)
+    with hub_stand_in.HubStandIn({REPO: repo}, link=hub_stand_in.LinkLimits(latency_s=0.005)) as hub:
+      landed = []
+      hub.on_range = lambda number: landed.append(hub.commit(REPO, changed)) if number == 3 else None
+      hub.faults.extend([429, 503, "drop"])
+      out, result = self.convert(REPO, env={"HF_ENDPOINT": hub.url, "HF_HUB_CACHE": cache, "HF_TOKEN": "hf_read",
+                                            "TMPDIR": scratch}, both=True)
+      self.assertLen(landed, 1)
+      self.assertNotEqual(landed[0], hub_stand_in.COMMIT)
+      self.assertEqual(hub.faults_served, [429, 503, "drop"])
+      self.assertEqual({revision for _, name, revision in hub.resolves if name.endswith(".safetensors")},
+                       {hub_stand_in.COMMIT})
+      self.assertIn("Bearer hf_read", hub.authorizations)
+      # What the run took from the Hub is what it reports.
+      reads = next(line for line in result.stdout.splitlines() if line.startswith("hub reads:"))
+      answered = len(hub.ranges) + sum(fault != "drop" for fault in hub.faults_served)  # A drop sent a part.
+      self.assertIn(f"{answered:,} ranged requests", reads)
+      self.assertIn("3 retried", reads)
+      for said in ("HTTP 429", "HTTP 503", "retry 1 of 10"):
+        self.assertIn(said, result.stderr)
+      self.assert_read_by_ranges(hub, cache, scratch)
+    self.assert_same_as_local(out)
+    record = ConversionRecord.read(os.path.join(out, "0", "items"))
+    self.assertEqual(record.hf_source, {"location": REPO, "revision": hub_stand_in.COMMIT})
+
+  def test_download_first_fetches_the_files_whole_and_a_second_run_asks_nothing(self):
     cache = harness.scratch_dir("hub-cache-")
     with hub_stand_in.HubStandIn({REPO: self.model}) as hub:
-      out = self.convert(REPO, env={"HF_ENDPOINT": hub.url, "HF_HUB_CACHE": cache, "HF_TOKEN": "hf_test_token"})
-      self.assertEqual(sorted(hub.requested),
-                       sorted(["config.json", "model.safetensors.index.json", *self.shards]))
-      self.assertIn("Bearer hf_test_token", hub.authorizations)
-      # A second run finds every file in the cache and asks the Hub for nothing.
+      env = {"HF_ENDPOINT": hub.url, "HF_HUB_CACHE": cache}
+      out = self.convert(REPO, "--hub_download_first", env=env)
+      self.assertEqual(sorted(hub.requested), sorted(["config.json", "model.safetensors.index.json", *self.shards]))
+      # A second run finds every file in the cache and asks the Hub for nothing, ranged reads or not.
+      self.assertLen(hub.ranges, len(self.shards))  # Each shard whole, in one request.
       hub.requested.clear()
-      again = self.convert(REPO, env={"HF_ENDPOINT": hub.url, "HF_HUB_CACHE": cache})
+      hub.resolves.clear()
+      again = self.convert(REPO, env=env)
       self.assertEqual(hub.requested, [])
+      self.assertEqual(hub.resolves, [("HEAD", "config.json", "main")])  # Where main is now: cached already.
+      self.assertLen(hub.ranges, len(self.shards))
     self.assert_same_as_local(out)
     self.assert_same_as_local(again)
+
+  def test_from_the_hub_into_a_bucket_interrupted_and_resumed(self):
+    """No local copy of the model anywhere; killed halfway, `--resume` reads only what was not written."""
+    cache, scratch = harness.scratch_dir("hub-cache-"), harness.scratch_dir("hub-tmp-")
+    needed = sum(os.path.getsize(os.path.join(self.model, shard)) for shard in self.shards)
+    gcs = gcs_emulator.GcsEmulator()
+    gcs.start()
+    try:
+      gcs.create_bucket("ckpts")
+      with hub_stand_in.HubStandIn({REPO: self.model}) as hub:
+        halfway, release = threading.Event(), threading.Event()
+
+        def hold_past_half(number: int) -> None:
+          del number
+          if hub.bytes_sent > needed // 2 and not halfway.is_set():
+            halfway.set()
+            release.wait(120)
+
+        hub.on_range = hold_past_half
+        # A short lease: the killed run's lock object is stale by the time the resumed run looks at it.
+        env = harness.converter_env(HF_ENDPOINT=hub.url, HF_HUB_CACHE=cache, TMPDIR=scratch,
+                                    HF2MAXTEXT_LOCK_LEASE_S="3", **gcs.env)
+        env.pop("HF_HUB_OFFLINE", None)
+        flags = (f"--hf_model_path={REPO}", "--output_dir=gs://ckpts/tiny", "--simulated_cpu_devices_count=1",
+                 "--noprogress", fixtures.STREAMING_BUDGET)
+        log = os.path.join(scratch, "..", os.path.basename(scratch) + ".log")
+        with open(log, "w") as stderr:
+          interrupted = subprocess.Popen(harness.converter_command(*flags), env=env, stdout=subprocess.DEVNULL,
+                                         stderr=stderr)
+        try:
+          deadline = time.monotonic() + 300
+          while not halfway.wait(0.5) and interrupted.poll() is None and time.monotonic() < deadline:
+            pass
+          with open(log) as f:
+            self.assertTrue(halfway.is_set(), f"the conversion never read half the weights:\n{f.read()[-3000:]}")
+          while not [n for n in gcs.object_names("ckpts", "tiny") if ".journal." in n] and time.monotonic() < deadline:
+            time.sleep(0.1)  # The blocks written so far reach the bucket's resume journal.
+        finally:
+          interrupted.kill()  # As a preempted machine stops: nothing cleaned up.
+          interrupted.wait()
+        time.sleep(3.5)
+        hub.on_range = None
+        release.set()
+        first = hub.bytes_sent
+        result = subprocess.run(harness.converter_command(*flags, "--resume"), env=env, capture_output=True,
+                                text=True, timeout=600)
+        self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+        resumed = int(next(line for line in result.stdout.splitlines() if line.startswith("resumed:")).split()[1])
+        self.assertGreater(resumed, 0)
+        self.assertLess(hub.bytes_sent - first, needed - (needed // 4), "the resumed run read the weights again")
+        self.assert_read_by_ranges_to_disk(cache, scratch)
+      copy = os.path.join(harness.scratch_dir("hub-gcs-"), "out")
+      gcs.download_dir("ckpts", "tiny", copy)
+      self.assert_same_as_local(copy)
+    finally:
+      gcs.stop()
+
+  def assert_read_by_ranges_to_disk(self, cache: str, scratch: str) -> None:
+    stored = [os.path.join(d, n) for d, _, names in os.walk(cache) for n in names]
+    self.assertFalse([p for p in stored if p.endswith(".safetensors") or os.path.getsize(p) > 1 << 20], stored)
+    self.assertEqual(os.listdir(scratch), [])
+
+  def test_gated_private_and_missing_files_are_one_line(self):
+    cache = harness.scratch_dir("hub-cache-")
+    broken = harness.scratch_dir("hub-broken-")
+    for name in os.listdir(self.model):
+      if name != self.shards[-1]:
+        shutil.copyfile(os.path.join(self.model, name), os.path.join(broken, name))
+    repos = {"tiny-org/gated": self.model, "tiny-org/private": self.model, "tiny-org/broken": broken}
+    with hub_stand_in.HubStandIn(repos, gated={"tiny-org/gated"}, private={"tiny-org/private"},
+                                 read_tokens={"hf_member"}) as hub:
+      env = {"HF_ENDPOINT": hub.url, "HF_HUB_CACHE": cache, "HF_TOKEN": "hf_stranger"}
+      line = self.error_line(self.convert("tiny-org/gated", env=env, check=False))
+      self.assertIn("tiny-org/gated (revision main)", line)
+      self.assertIn("gated repo; accept its terms on the Hub and set HF_TOKEN", line)
+      line = self.error_line(self.convert("tiny-org/private", env=env, check=False))
+      self.assertIn("tiny-org/private (revision main)", line)
+      self.assertIn("repository not found on the Hub (or private: set HF_TOKEN)", line)
+      line = self.error_line(self.convert("tiny-org/broken", env=env, check=False))
+      self.assertIn(f"hf://tiny-org/broken@{hub_stand_in.COMMIT}/model.safetensors.index.json", line)
+      self.assertIn(f"names shard {self.shards[-1]!r}, which does not exist", line)
+      self.assertEqual(hub.ranges, [])  # Refused before a byte of the weights was read.
 
   def test_the_way_back_copies_the_repos_serving_files_from_the_hub(self):
     """The conversion recorded the repo and its commit: the way back fetches the files a server reads besides the
@@ -229,7 +376,8 @@ class HubTest(absltest.TestCase):
     with hub_stand_in.HubStandIn({"tiny-org/tiny-lora": adapter}) as hub:
       out = self.convert(self.model, "--lora_adapter_path=tiny-org/tiny-lora",
                          env={"HF_ENDPOINT": hub.url, "HF_HUB_CACHE": harness.scratch_dir("hub-cache-")})
-      self.assertEqual(sorted(hub.requested), ["adapter_config.json", "adapter_model.safetensors"])
+      self.assertEqual(hub.requested, ["adapter_config.json"])  # Its weights by ranges, like a model's.
+      self.assertEqual({name for name, _, _ in hub.ranges}, {"adapter_model.safetensors"})
     merged = checkpoint_io.restore_v0(os.path.join(out, "0", "items"))
     self.assertEqual(checkpoint_io.trees_bit_identical(merged, checkpoint_io.restore_v0(
         os.path.join(local, "0", "items"))), [])

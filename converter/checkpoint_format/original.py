@@ -7,6 +7,7 @@ import dataclasses
 import re
 
 from converter import storage
+from converter.storage import hub
 
 # A Hub repo's snapshot in the local HF cache (huggingface_hub's layout): where a repo id's config.json was read.
 _HUB_SNAPSHOT = re.compile(r".*/models--(?P<org>[^/]+?)--(?P<name>[^/]+)/snapshots/(?P<commit>[0-9a-f]{40})/?$")
@@ -31,8 +32,11 @@ class Original:
 
   @classmethod
   def of_directory(cls, directory: str) -> Original:
-    """The model a directory holds: a Hub repo at its commit when it is a snapshot of the local HF cache (which
-    holds only what the conversion fetched), else the directory itself."""
+    """The model a directory holds: a Hub repo at its commit when it is one (`hf://ORG/NAME@COMMIT`) or a snapshot
+    of the local HF cache (which holds only what the conversion fetched), else the directory itself."""
+    if hub.is_hub(directory):  # Read from the Hub at one commit (converter/storage/hub.py).
+      file = hub.parse(directory)
+      return cls(file.repo_id, file.revision)
     match = _HUB_SNAPSHOT.match(directory)
     if match:
       return cls(f"{match['org']}/{match['name']}", match["commit"])

@@ -27,17 +27,13 @@ from typing import Any, Sequence
 from absl import logging
 
 from converter.errors import ConversionError
-from converter.storage import scratch
+from converter.storage import hub, scratch
+from converter.storage.hub import is_hub  # pylint: disable=unused-import  (the output's test of a path)
 
-SCHEME = "hf://"
 _URL = re.compile(r"hf://([A-Za-z0-9][\w.-]*/[\w.-]+)(?:@([^/\s]+))?/?")
 # What makes a repo's files a checkpoint, replaced as a whole by --overwrite.
 _CHECKPOINT_FILE = re.compile(r"(.*\.safetensors|.*\.safetensors\.index\.json|config\.json|adapter_config\.json"
                               r"|.*\.bin|.*\.bin\.index\.json)")
-
-
-def is_hub(path: str) -> bool:
-  return path.startswith(SCHEME)
 
 
 def parse(path: str) -> tuple[str, str | None]:
@@ -47,21 +43,6 @@ def parse(path: str) -> tuple[str, str | None]:
     raise ConversionError(f"{path}: expected hf://ORG/NAME or hf://ORG/NAME@BRANCH (a Hub repo, written at the"
                           " root of that branch)")
   return match.group(1), match.group(2)
-
-
-def hub_error(where: str, e: BaseException, doing: str) -> ConversionError:
-  """huggingface_hub's error in the user's words: a refused token, a missing write permission, a moved branch."""
-  status = getattr(getattr(e, "response", None), "status_code", None)
-  if status == 401:
-    why = "the Hub refused the token (set HF_TOKEN to a token with write access, or run `hf auth login`)"
-  elif status == 403:
-    why = "this token may not write to the repo (a read-only token, or another user's repo)"
-  elif status == 412:
-    why = ("another commit landed on the branch while this conversion ran; nothing was committed: run it again"
-           " (the shards already uploaded are not sent twice)")
-  else:
-    why = f"{type(e).__name__}: {e}"
-  return ConversionError(f"{where}: {doing} failed: {why}")
 
 
 class _NoLock:
@@ -104,7 +85,7 @@ class HubRepo:
     try:
       return fn(*args, **kwargs)
     except (errors.HfHubHTTPError, OSError, ValueError) as e:
-      raise hub_error(self._where, e, doing) from e
+      raise hub.error(self._where, e, doing, writing=True) from e
 
   # What a MaxText checkpoint needs of a destination: the Hub holds HF checkpoints only.
   def _maxtext_refused(self, *args, **kwargs):
@@ -126,10 +107,7 @@ class HubRepo:
     if shared:
       raise ConversionError(f"{self.path}: the way back to the Hub runs in one process (its single commit names"
                             " every shard); run it on one host, or write to gs:// from several and upload that")
-    from huggingface_hub import HfApi, utils  # pylint: disable=g-import-not-at-top
-
-    utils.disable_progress_bars()  # The conversion reports its own progress; each upload is logged.
-    self._api = HfApi()
+    self._api = hub.api()
     self._call("creating the repo", self._api.create_repo, self.repo_id, private=self._private, exist_ok=True)
     if self.branch:
       self._call(f"creating branch {self.branch}", self._api.create_branch, self.repo_id, branch=self.branch,

@@ -1,4 +1,4 @@
-"""The Hub output's path syntax, its errors in the user's words, and its streaming: each finished shard sent and
+"""The Hub output's path syntax and its streaming: each finished shard sent and
 deleted while the next is written, one commit naming the head it started from (a recording stand-in for
 huggingface_hub's HfApi; the protocol itself is integration_tests/hub_test.py's, against the Hub stand-in)."""
 
@@ -21,25 +21,6 @@ class ParseTest(absltest.TestCase):
     for bad in ("hf://name", "hf://org/name/sub", "hf://org/name@"):
       with self.assertRaisesRegex(ConversionError, "expected hf://ORG/NAME"):
         hub_repo.parse(bad)
-
-
-class HubErrorTest(absltest.TestCase):
-
-  def test_statuses_in_the_users_words(self):
-    def error(status):
-      return hub_repo.hub_error("hf://o/n", _HttpError(status), "committing")
-
-    self.assertIn("refused the token", str(error(401)))
-    self.assertIn("may not write", str(error(403)))
-    self.assertIn("another commit landed", str(error(412)))
-    self.assertIn("hf://o/n: committing failed: _HttpError", str(error(500)))
-
-
-class _HttpError(Exception):
-
-  def __init__(self, status: int):
-    super().__init__(f"{status} error")
-    self.response = types.SimpleNamespace(status_code=status)
 
 
 class _RecordingApi:

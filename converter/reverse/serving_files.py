@@ -17,6 +17,7 @@ from __future__ import annotations
 from absl import logging
 
 from converter import storage
+from converter.storage import hub
 from converter.checkpoint_format.original import Original
 from converter.errors import ConversionError
 
@@ -53,8 +54,7 @@ def _hub_files(original: Original) -> dict[str, str]:
     names = [n for n in huggingface_hub.list_repo_files(repo, revision=revision) if "/" not in n and is_served(n)]
     return {n: huggingface_hub.hf_hub_download(repo, n, revision=revision) for n in names}
   except (errors.HfHubHTTPError, OSError, ValueError) as e:
-    raise ConversionError(f"{original.describe()}: cannot list or fetch the original's tokenizer and serving files:"
-                          f" {type(e).__name__}: {e}") from e
+    raise hub.error(original.describe(), e, "fetching the original's tokenizer and serving files") from e
 
 
 def read_serving_files(original: Original) -> dict[str, bytes]:

@@ -12,10 +12,11 @@ top of these records.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import math
 import struct
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import ml_dtypes
 import numpy as np
@@ -222,11 +223,20 @@ def _is_file_name(name: str) -> bool:
   return bool(name) and "\\" not in name and not name.startswith("/") and all(p not in ("", ".", "..") for p in parts)
 
 
+def _each_shard(fn: Callable[[str], Any], shards: list[str]) -> list[Any]:
+  """`fn` of every shard, in order, several at a time: on a bucket or the Hub each is a round trip or three."""
+  if len(shards) <= 1:
+    return [fn(shard) for shard in shards]
+  with concurrent.futures.ThreadPoolExecutor(min(16, len(shards)), thread_name_prefix="hf2maxtext-header") as pool:
+    return list(pool.map(fn, shards))
+
+
 def _index_shards(directory: str, index_path: str) -> tuple[list[str], dict[str, str]]:
   weight_map = index_weight_map(json_input.read(index_path, "unreadable safetensors index"), index_path)
   shards = sorted(set(weight_map.values()))
-  for shard in shards:
-    if not storage.is_file(storage.join(directory, shard)):
+  found = _each_shard(lambda shard: storage.is_file(storage.join(directory, shard)), shards)
+  for shard, is_file in zip(shards, found):
+    if not is_file:
       names = sorted(n for n, s in weight_map.items() if s == shard)
       raise ConversionError(
           f"{index_path}: names shard {shard!r}, which does not exist (it should hold {len(names)} tensors,"
@@ -242,8 +252,8 @@ def open_safetensors(directory: str) -> SafetensorsSource:
   tensors: dict[str, TensorInfo] = {}
   if storage.is_file(index_path):
     shards, weight_map = _index_shards(directory, index_path)
-    for shard in shards:
-      for name, info in read_header(storage.join(directory, shard)).items():
+    for header in _each_shard(lambda shard: read_header(storage.join(directory, shard)), shards):
+      for name, info in header.items():
         if name in tensors:
           raise ConversionError(f"{info.path}: tensor {name!r} also appears in {tensors[name].path}")
         tensors[name] = info

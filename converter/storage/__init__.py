@@ -1,10 +1,12 @@
-"""Where checkpoints live: local paths and buckets (`gs://`, `s3://`) behind one small set of calls.
+"""Where checkpoints live: local paths, buckets (`gs://`, `s3://`) and the Hub's files (`hf://ORG/NAME@COMMIT/FILE`,
+read only: storage/hub.py) behind one small set of calls.
 
 Tensor bytes in a bucket are read with tensorstore's kvstore, a ranged read of only the bytes a block needs (C++,
 no GIL, many in flight; the same client Orbax's array writes use); everything else (config files, headers, what
 Orbax does with directories, metadata and its commit) goes through etils.epath, which reaches buckets through
 gcsfs. One environment variable points all of them at an emulator: STORAGE_EMULATOR_HOST, the convention of
-Google's clients and gcsfs, which `configure_emulator` translates for tensorstore.
+Google's clients and gcsfs, which `configure_emulator` translates for tensorstore. A Hub file complete in the local
+HF cache is that local file; the Hub's weights are read by HTTP range requests (hub.py).
 """
 
 from __future__ import annotations
@@ -18,13 +20,24 @@ import numpy as np
 
 from converter import write_behind
 from converter.errors import ConversionError
-from converter.storage import mapped_file, ranged_file
+from converter.storage import hub, mapped_file, ranged_file
 
 REMOTE_SCHEMES = ("gs://", "s3://")  # s3:// is refused by `resolve` (see there).
 
 
 def is_remote(path: str) -> bool:
+  """A bucket path (the Hub's files are not: see `is_url`)."""
   return path.startswith(REMOTE_SCHEMES)
+
+
+def is_url(path: str) -> bool:
+  """A bucket path or a Hub file: named with slashes whatever the OS."""
+  return is_remote(path) or hub.is_hub(path)
+
+
+def _hub_local(path: str) -> str | None:
+  """A Hub file's local copy (the HF cache's), or None: read by ranges, or not in the repo."""
+  return hub.local_copy(path) if hub.is_hub(path) else None
 
 
 def resolve(path: str) -> str:
@@ -46,15 +59,15 @@ def resolve(path: str) -> str:
 
 
 def join(path: str, *names: str) -> str:
-  return posixpath.join(path, *names) if is_remote(path) else os.path.join(path, *names)
+  return posixpath.join(path, *names) if is_url(path) else os.path.join(path, *names)
 
 
 def parent(path: str) -> str:
-  return posixpath.dirname(path.rstrip("/")) if is_remote(path) else os.path.dirname(path)
+  return posixpath.dirname(path.rstrip("/")) if is_url(path) else os.path.dirname(path)
 
 
 def basename(path: str) -> str:
-  return posixpath.basename(path.rstrip("/")) if is_remote(path) else os.path.basename(path)
+  return posixpath.basename(path.rstrip("/")) if is_url(path) else os.path.basename(path)
 
 
 def split_bucket(path: str) -> tuple[str, str, str]:
@@ -133,6 +146,8 @@ def remote_error(path: str, e: BaseException, doing: str) -> ConversionError:
 
 
 def exists(path: str) -> bool:
+  if hub.is_hub(path):
+    return hub.exists(path)
   if not is_remote(path):
     return os.path.exists(path)
   try:
@@ -142,6 +157,8 @@ def exists(path: str) -> bool:
 
 
 def is_file(path: str) -> bool:
+  if hub.is_hub(path):
+    return bool(hub.parse(path).filename) and hub.exists(path)
   if not is_remote(path):
     return os.path.isfile(path)
   try:
@@ -151,7 +168,8 @@ def is_file(path: str) -> bool:
 
 
 def read_text(path: str) -> str:
-  if not is_remote(path):
+  path = _hub_local(path) or path
+  if not is_url(path):
     with open(path, encoding="utf-8") as f:
       return f.read()
   return read_bytes(path).decode("utf-8")
@@ -191,6 +209,8 @@ def delete(path: str) -> None:
 
 
 def size(path: str) -> int:
+  if hub.is_hub(path):
+    return hub.size(path)
   if not is_remote(path):
     return os.path.getsize(path)
   try:
@@ -201,7 +221,9 @@ def size(path: str) -> int:
 
 
 def version(path: str) -> str:
-  """What changes when the file is rewritten: mtime (local), the object's mtime (bucket)."""
+  """What changes when the file is rewritten: mtime (local), the object's mtime (bucket), the commit and ETag (Hub)."""
+  if hub.is_hub(path):
+    return hub.version(path)
   if not is_remote(path):
     return str(os.stat(path).st_mtime_ns)
   try:
@@ -232,7 +254,10 @@ def _kvstore(scheme: str, bucket: str):
 
 def read_bytes(path: str, start: int = 0, stop: int | None = None) -> bytes:
   """Bytes [start, stop) of a file or object (the rest of it when `stop` is None); a bucket object is read with
-  one ranged request."""
+  one ranged request, a Hub file's weights with ranged requests in parallel parts (bytes-like, not a copy)."""
+  path = _hub_local(path) or path
+  if hub.is_hub(path):
+    return hub.read_bytes(path, start, stop)
   if not is_remote(path):
     with open(path, "rb") as f:
       f.seek(start)
@@ -253,16 +278,18 @@ def read_region(path: str, begin: int, stored: np.dtype, shape: tuple[int, ...],
                 span: tuple[int, int], dtype: np.dtype, transpose: bool = False) -> np.ndarray:
   """A C-ordered private copy of `[slices]` of the tensor stored at byte `begin` of `path`, cast to `dtype`
   (`span`: the absolute byte range the slices touch; `transpose` swaps the last two axes as it copies): through a
-  memory map of a local file (mapped_file.py), or one ranged request to a bucket (ranged_file.py)."""
-  reader = ranged_file if is_remote(path) else mapped_file
+  memory map of a local file (mapped_file.py), or ranged requests to a bucket or the Hub (ranged_file.py)."""
+  path = _hub_local(path) or path
+  reader = ranged_file if is_url(path) else mapped_file
   return reader.read(path, begin, stored, shape, slices, span, dtype, transpose=transpose)
 
 
 def read_ahead(path: str, begin: int, end: int) -> None:
   """Asks for bytes [begin, end) of `path` to be fetched now, in the background, for a read that comes later: the
   kernel's readahead of a local file (nothing waits for it, nothing is kept in this process); a no-op for a
-  bucket object, whose ranged requests are made when read."""
-  if is_remote(path) or end <= begin:
+  bucket object or a Hub file, whose ranged requests are made when read."""
+  path = _hub_local(path) or path
+  if is_url(path) or end <= begin:
     return
   try:
     fd = os.open(path, os.O_RDONLY)

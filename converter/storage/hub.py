@@ -1,0 +1,464 @@
+"""The Hugging Face Hub, as an input and as an output: the one place for its paths, its client settings (endpoint,
+token, retries) and its errors in the user's words.
+
+An input file is `hf://ORG/NAME@COMMIT/FILE`: a repo id's revision is resolved once to its commit
+(`resolve_commit`) and every read names that commit, so a commit landing on the branch during a run is never mixed
+into it. A file complete in the local HF cache is read from there; the small files a conversion parses (configs,
+the index) are fetched into the cache whole, as huggingface_hub does; the weights are read by HTTP range requests
+(`read_into`), straight from the storage host the Hub redirects a file to, several parts of one read in flight
+at once, so nothing of them reaches the disk. `HF_HUB_OFFLINE=1` reads the cache only; `download_first` (the
+converter's --hub_download_first) fetches every file whole into the cache before reading it, as before ranged reads.
+
+`HF_TOKEN`, `HF_ENDPOINT` and `HF_HUB_CACHE` are huggingface_hub's own; its metadata request resolves a file (the
+commit, the size, the redirect), and a request that fails with 429, 5xx or a dropped connection is retried with
+the storage layer's bounded backoff and counted (`stats`).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import functools
+import os
+import re
+import threading
+import time
+from typing import Any
+from urllib.parse import urlsplit
+
+from absl import logging
+
+from converter.errors import ConversionError
+
+SCHEME = "hf://"
+_PATH = re.compile(r"hf://(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)(?:@(?P<revision>[^/\s]+))?(?:/(?P<file>.*))?")
+REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+_WEIGHTS = re.compile(r".*\.safetensors")  # Read by ranges; every other file is small and fetched whole.
+_RETRIED_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+_EXPIRED_STATUS = frozenset({401, 403, 404, 410})  # From a storage host: its signed URL expired; resolve again.
+
+
+@dataclasses.dataclass
+class Settings:
+  """How the Hub is read: set once by the binary (`configure`)."""
+
+  download_first: bool = False  # Every file fetched whole into the HF cache before it is read.
+  connections: int = 16  # Requests in flight at once, over every read.
+  part_bytes: int = 8 << 20  # A read larger than this is fetched in parts of this size, in parallel.
+  max_retries: int = 10
+  initial_delay_s: float = 1.0
+  max_delay_s: float = 32.0
+
+
+@dataclasses.dataclass
+class Stats:
+  """What the Hub's weights cost this process: reported at the end of a conversion."""
+
+  requests: int = 0  # Ranged GETs answered (retries included).
+  bytes: int = 0  # Body bytes received.
+  retries: int = 0
+  resolves: int = 0  # Metadata requests (one per file read by ranges).
+  reasons: dict[str, int] = dataclasses.field(default_factory=dict)  # Why requests were retried.
+
+  def describe(self) -> str:
+    why = ", ".join(f"{n} x {reason}" for reason, n in sorted(self.reasons.items()))
+    return (f"{self.requests:,} ranged requests, {self.bytes:,} bytes, {self.resolves} files resolved,"
+            f" {self.retries} retried{f' ({why})' if why else ''}")
+
+
+_settings = Settings()
+_stats = Stats()
+_lock = threading.Lock()
+
+
+def configure(**changes: Any) -> None:
+  global _settings, _pool, _client
+  _settings = dataclasses.replace(_settings, **changes)
+  _pool = _client = None
+
+
+def stats() -> Stats:
+  return _stats
+
+
+# Paths ------------------------------------------------------------------------------------------------------------
+
+
+def is_hub(path: str) -> bool:
+  return path.startswith(SCHEME)
+
+
+@dataclasses.dataclass(frozen=True)
+class HubPath:
+  repo_id: str
+  revision: str | None  # None: the default branch.
+  filename: str  # "" for the repo itself.
+
+  @property
+  def where(self) -> str:
+    """The repo at its revision, as errors name it."""
+    return f"{self.repo_id} (revision {self.revision or 'main'})"
+
+
+def parse(path: str) -> HubPath:
+  match = _PATH.fullmatch(path)
+  if not match:
+    raise ConversionError(f"{path}: expected hf://ORG/NAME, hf://ORG/NAME@REVISION or hf://ORG/NAME@REVISION/FILE")
+  return HubPath(match["repo"], match["revision"], (match["file"] or "").strip("/"))
+
+
+def path_of(repo_id: str, revision: str, filename: str = "") -> str:
+  return f"{SCHEME}{repo_id}@{revision}" + (f"/{filename}" if filename else "")
+
+
+# Errors -----------------------------------------------------------------------------------------------------------
+
+
+def _first_line(e: BaseException) -> str:
+  text = next((line.strip() for line in str(e).splitlines() if line.strip()), "")
+  return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+def error(where: str, e: BaseException, doing: str, *, writing: bool = False) -> ConversionError:
+  """huggingface_hub's (or the HTTP client's) error in the user's words, on one line."""
+  from huggingface_hub import errors  # pylint: disable=g-import-not-at-top
+
+  response = getattr(e, "response", None)
+  status = getattr(response, "status_code", None)
+  message = (getattr(response, "headers", None) or {}).get("X-Error-Message", "")
+  if isinstance(e, errors.GatedRepoError):
+    why = "gated repo; accept its terms on the Hub and set HF_TOKEN to a token of an account that did"
+  elif status == 401 and "credentials" in message.lower():
+    why = ("the Hub refused the token (set HF_TOKEN to a valid token" + (" with write access" if writing else "")
+           + ", or run `hf auth login`)")
+  elif isinstance(e, errors.RepositoryNotFoundError):
+    why = "repository not found on the Hub (or private: set HF_TOKEN)"
+  elif isinstance(e, errors.RevisionNotFoundError):
+    why = "revision not found"
+  elif status == 403:
+    why = ("this token may not write to the repo (a read-only token, or another user's repo)" if writing
+           else "this token may not read the repo (HTTP 403)")
+  elif status == 412:
+    why = ("another commit landed on the branch while this conversion ran; nothing was committed: run it again"
+           " (the shards already uploaded are not sent twice)")
+  elif isinstance(e, errors.OfflineModeIsEnabled):
+    why = "not in the local HF cache and HF_HUB_OFFLINE is set"
+  else:
+    why = _first_line(e)
+  return ConversionError(f"{where}: {doing} failed: {why}")
+
+
+def api():
+  """huggingface_hub's client with its own endpoint and token (HF_ENDPOINT, HF_TOKEN); progress bars off, since a
+  conversion reports its own progress."""
+  from huggingface_hub import HfApi, utils  # pylint: disable=g-import-not-at-top
+
+  utils.disable_progress_bars()
+  return HfApi()
+
+
+# Resolving a revision ---------------------------------------------------------------------------------------------
+
+
+def _cache():
+  import huggingface_hub  # pylint: disable=g-import-not-at-top
+
+  return huggingface_hub
+
+
+def _offline() -> bool:
+  return _cache().constants.HF_HUB_OFFLINE
+
+
+def resolve_commit(repo_id: str, revision: str, first_file: str) -> str:
+  """The commit `revision` (a branch, tag or commit) of `repo_id` is at, from `first_file` (the file a conversion
+  reads first: config.json, adapter_config.json): the local cache's when it holds that file at that revision (no
+  request at all), else the Hub's answer. Raises, naming the repo and revision, when neither knows it."""
+  hub = _cache()
+  where = f"{repo_id} (revision {revision})"
+  cached = hub.try_to_load_from_cache(repo_id, first_file, revision=revision)
+  if isinstance(cached, str):
+    return _snapshot_commit(cached)
+  if _offline():
+    raise ConversionError(f"{where}: {first_file} is not in the local HF cache ({hub.constants.HF_HUB_CACHE}) and"
+                          " HF_HUB_OFFLINE is set")
+  try:
+    metadata = hub.get_hf_file_metadata(hub.hf_hub_url(repo_id, first_file, revision=revision),
+                                        retry_on_errors=True)
+  except hub.errors.RevisionNotFoundError as e:
+    raise ConversionError(f"{where}: revision {revision!r} not found") from e
+  except hub.errors.EntryNotFoundError as e:
+    raise ConversionError(f"{where}: the repo has no {first_file}") from e
+  except Exception as e:  # pylint: disable=broad-except  # httpx2's and huggingface_hub's errors, said in one line.
+    raise error(where, e, f"reading {first_file}") from e
+  if not metadata.commit_hash:
+    raise ConversionError(f"{where}: the Hub named no commit for {first_file} (X-Repo-Commit missing)")
+  return metadata.commit_hash
+
+
+def looks_like_repo_id(value: str, local_path: str) -> bool:
+  """ORG/NAME whose local reading (`local_path`) does not exist: a local directory of that name wins."""
+  return bool(REPO_ID.fullmatch(value)) and not os.path.exists(local_path)
+
+
+def repo_directory(value: str, revision: str, first_file: str) -> str:
+  """`hf://ORG/NAME@COMMIT` of a repo id (or `hf://ORG/NAME[@REVISION]`; its own revision wins over `revision`):
+  the directory every file of the conversion is read from, pinned to one commit."""
+  repo_id, revision = (value, revision) if not is_hub(value) else (parse(value).repo_id,
+                                                                   parse(value).revision or revision)
+  return path_of(repo_id, resolve_commit(repo_id, revision, first_file))
+
+
+def _snapshot_commit(cached_file: str) -> str:
+  """The commit of a file in the cache's layout: .../snapshots/COMMIT/FILE."""
+  parts = cached_file.replace("\\", "/").split("/")
+  return parts[parts.index("snapshots") + 1]
+
+
+# One file ---------------------------------------------------------------------------------------------------------
+
+
+class _Missing:
+  """The repo has no such file at that commit."""
+
+
+_MISSING = _Missing()
+
+
+@functools.cache
+def local_copy(path: str) -> str | None:
+  """The local file holding `path`'s bytes: complete in the HF cache already, or fetched whole into it now (a
+  file that is not weights, every file with `download_first`, every file offline); None when its weights are to be
+  read by ranges, or when the repo has no such file (`exists` tells them apart)."""
+  hub = _cache()
+  file = parse(path)
+  cached = hub.try_to_load_from_cache(file.repo_id, file.filename, revision=file.revision)
+  if isinstance(cached, str):
+    return cached
+  if cached is hub._CACHED_NO_EXIST or (_offline() and not _WEIGHTS.fullmatch(file.filename)):  # pylint: disable=protected-access
+    return None
+  if _offline():
+    raise ConversionError(f"{path}: not in the local HF cache ({hub.constants.HF_HUB_CACHE}) and HF_HUB_OFFLINE is"
+                          " set")
+  if _WEIGHTS.fullmatch(file.filename) and not _settings.download_first:
+    return None
+  try:
+    return hub.hf_hub_download(file.repo_id, file.filename, revision=file.revision)
+  except hub.errors.EntryNotFoundError:
+    return None
+  except Exception as e:  # pylint: disable=broad-except
+    raise error(path, e, "downloading") from e
+
+
+_metadatas: dict[str, Any] = {}
+
+
+def _metadata(path: str, refresh: bool = False):
+  """huggingface_hub's metadata of a file read by ranges (size, commit, the storage URL it redirects to), or
+  _MISSING; asked once per file, and again with `refresh` (the storage URL expired)."""
+  with _lock:
+    known = _metadatas.get(path)
+  if known is not None and not refresh:
+    return known
+  hub = _cache()
+  file = parse(path)
+  with _lock:
+    _stats.resolves += 1
+  try:
+    metadata = hub.get_hf_file_metadata(hub.hf_hub_url(file.repo_id, file.filename, revision=file.revision),
+                                        retry_on_errors=True)
+  except hub.errors.EntryNotFoundError:
+    with _lock:
+      _metadatas[path] = _MISSING
+    return _MISSING
+  except Exception as e:  # pylint: disable=broad-except
+    raise error(path, e, "resolving") from e
+  if metadata.size is None:
+    raise ConversionError(f"{path}: the Hub gave no size for it (X-Linked-Size and Content-Length missing)")
+  if metadata.commit_hash and file.revision and metadata.commit_hash != file.revision:
+    raise ConversionError(f"{path}: the Hub answered with commit {metadata.commit_hash}, not the one pinned")
+  with _lock:
+    _metadatas[path] = metadata
+  return metadata
+
+
+def exists(path: str) -> bool:
+  """Whether the repo holds `path` at its commit (the repo itself, for a path naming no file)."""
+  file = parse(path)
+  if not file.filename:
+    return True
+  if local_copy(path) is not None:
+    return True
+  if _offline() or not _WEIGHTS.fullmatch(file.filename) or _settings.download_first:
+    return False  # Not cached offline, or fetched whole and not found.
+  return _metadata(path) is not _MISSING
+
+
+def size(path: str) -> int:
+  local = local_copy(path)
+  if local is not None:
+    return os.path.getsize(local)
+  metadata = _metadata(path) if not _offline() else _MISSING
+  if metadata is _MISSING:
+    raise FileNotFoundError(f"{parse(path).where}: the repo has no {parse(path).filename}")
+  return metadata.size
+
+
+def version(path: str) -> str:
+  """What names this file's content: its commit and ETag (the commit alone for a cached file)."""
+  local = local_copy(path)
+  return parse(path).revision if local is not None else f"{parse(path).revision}:{_metadata(path).etag}"
+
+
+# Ranged reads -----------------------------------------------------------------------------------------------------
+
+_pool: concurrent.futures.ThreadPoolExecutor | None = None
+_client: Any = None
+
+
+def _connections() -> tuple[concurrent.futures.ThreadPoolExecutor, Any]:
+  global _pool, _client
+  with _lock:
+    if _pool is None:
+      import httpx2  # pylint: disable=g-import-not-at-top
+
+      _pool = concurrent.futures.ThreadPoolExecutor(_settings.connections, thread_name_prefix="hf2maxtext-hub")
+      _client = httpx2.Client(follow_redirects=True, timeout=httpx2.Timeout(60.0, connect=30.0),
+                              limits=httpx2.Limits(max_connections=_settings.connections,
+                                                   max_keepalive_connections=_settings.connections))
+    return _pool, _client
+
+
+def _location(path: str, refresh: bool = False) -> str:
+  """Where `path`'s bytes are served: the storage host the Hub redirects it to (a signed URL), or the Hub."""
+  metadata = _metadata(path, refresh)
+  if metadata is _MISSING:
+    raise FileNotFoundError(f"{parse(path).where}: the repo has no {parse(path).filename}")
+  return metadata.location
+
+
+def _on_storage_host(location: str) -> bool:
+  return urlsplit(location).netloc != urlsplit(_cache().constants.ENDPOINT).netloc
+
+
+def _headers(location: str) -> dict[str, str]:
+  """The Hub's own headers (the token among them) for a request to the Hub's endpoint; none for its storage host,
+  which takes the signed URL alone and must never see the token."""
+  if _on_storage_host(location):
+    return {"Accept-Encoding": "identity"}
+  return {**_cache().utils.build_hf_headers(), "Accept-Encoding": "identity"}
+
+
+class HubReadError(OSError):
+  """A ranged read that failed for good (its retries spent, or refused): the caller names the tensor."""
+
+
+def _retry_delay(attempt: int, retry_after: str | None) -> float:
+  delay = min(_settings.max_delay_s, _settings.initial_delay_s * 2 ** attempt)
+  if retry_after and retry_after.strip().isdigit():
+    delay = min(_settings.max_delay_s, max(delay, float(retry_after)))
+  return delay
+
+
+def _fetch(path: str, start: int, into: memoryview) -> None:
+  """Bytes [start, start + len(into)) of `path` into `into`: one ranged GET, retried; a connection dropped midway
+  is resumed from the first byte it did not deliver."""
+  import httpx2  # pylint: disable=g-import-not-at-top
+
+  _, client = _connections()
+  stop = start + len(into)
+  refreshed = False
+  attempt = 0
+  while True:
+    location = _location(path)
+    why = None
+    retry_after = None
+    received = 0
+    try:
+      with client.stream("GET", location, headers={**_headers(location), "Range": f"bytes={start}-{stop - 1}"}) as r:
+        with _lock:
+          _stats.requests += 1
+        if r.status_code == 206 or (r.status_code == 200 and start == 0 and stop == size(path)):
+          for chunk in r.iter_bytes():
+            end = received + len(chunk)
+            if end > len(into):
+              raise HubReadError(f"bytes {start}-{stop}: the server sent more than the range asked for")
+            into[received:end] = chunk
+            received = end
+          if received == len(into):
+            return
+          why = f"connection closed after {received:,} of {len(into):,} bytes"
+        elif r.status_code in _RETRIED_STATUS:
+          why = f"HTTP {r.status_code}"
+          retry_after = r.headers.get("Retry-After")
+        elif r.status_code in _EXPIRED_STATUS and not refreshed and _on_storage_host(location):
+          refreshed = True  # The storage host's signed URL expired: ask the Hub for a new one, once.
+          _location(path, refresh=True)
+          continue
+        elif r.status_code == 200:
+          raise HubReadError(f"bytes {start}-{stop}: {urlsplit(location).netloc} ignored the range request (HTTP"
+                             " 200 with the whole file)")
+        else:
+          r.read()
+          raise error(path, _status_error(r), f"reading bytes {start}-{stop}")
+    except (httpx2.TransportError, httpx2.DecodingError) as e:
+      why = _first_line(e)
+    finally:
+      with _lock:
+        _stats.bytes += received
+    start += received
+    into = into[received:]
+    if attempt >= _settings.max_retries:
+      raise HubReadError(f"bytes {start}-{stop}: {why}, still after {attempt} retries")
+    delay = _retry_delay(attempt, retry_after)
+    attempt += 1
+    with _lock:
+      _stats.retries += 1
+      reason = why.split(" after ")[0] if why.startswith("connection closed") else why.split(":")[0]
+      _stats.reasons[reason] = _stats.reasons.get(reason, 0) + 1
+    logging.warning("%s: bytes %d-%d: %s; retry %d of %d in %.1f s", path, start, stop, why, attempt,
+                    _settings.max_retries, delay)
+    time.sleep(delay)
+
+
+def _status_error(response) -> Exception:
+  """huggingface_hub's error for a refused request (gated, not found, a refused token)."""
+  try:
+    _cache().utils.hf_raise_for_status(response)
+  except Exception as e:  # pylint: disable=broad-except
+    return e
+  return HubReadError(f"HTTP {response.status_code}")
+
+
+def read_into(path: str, start: int, into: memoryview) -> None:
+  """Fills `into` with the bytes from `start` of the file at `path`, in parts fetched in parallel."""
+  part = _settings.part_bytes
+  if len(into) <= part:
+    _fetch(path, start, into)
+    return
+  pool, _ = _connections()
+  futures = [pool.submit(_fetch, path, start + offset, into[offset:offset + part])
+             for offset in range(0, len(into), part)]
+  try:
+    for future in futures:
+      future.result()
+  finally:
+    for future in futures:
+      future.cancel()
+
+
+def read_bytes(path: str, start: int, stop: int | None) -> bytearray:
+  """Bytes [start, stop) of the file (to its end when `stop` is None), in a buffer of their own."""
+  if stop is None:
+    stop = size(path)
+  buffer = bytearray(max(0, stop - start))
+  read_into(path, start, memoryview(buffer))
+  return buffer
+
+
+def forget() -> None:
+  """Forgets every file's metadata and local copy, and the counts: the next read asks afresh (tests)."""
+  global _stats
+  local_copy.cache_clear()
+  _metadatas.clear()
+  _stats = Stats()
