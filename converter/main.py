@@ -191,7 +191,7 @@ def _model_path(value: str, adapter: bool = False) -> str:
   if _several_processes() and not FLAGS.dry_run:
     from converter import processes  # pylint: disable=g-import-not-at-top
 
-    return processes.primary_value(f"hub/{value}@{revision}", resolve)
+    return processes.primary_value(f"hub/{value}@{revision}", resolve, processes.current().index)
   return resolve()
 
 

@@ -137,15 +137,15 @@ class CoordinatorClaims:
 _FAILED = "\0failed: "
 
 
-def primary_value(name: str, compute: Callable[[], str], timeout_s: float = BARRIER_TIMEOUT_S) -> str:
-  """`compute()` as the primary process computes it, for every process: what must not differ between them (a Hub
-  revision's commit, which a commit landing between two processes' requests would change)."""
-  import jax  # pylint: disable=g-import-not-at-top
+def primary_value(name: str, compute: Callable[[], str], index: int, timeout_s: float = BARRIER_TIMEOUT_S) -> str:
+  """`compute()` as the primary process (`index` 0) computes it, for every process: what must not differ between
+  them (a Hub revision's commit, which a commit landing between two processes' requests would change). A failure
+  of the primary's is every process's."""
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
 
   key = f"hf2maxtext/primary/{name}"
   client = ocp.multihost.get_jax_distributed_client()
-  if jax.process_index() == 0:
+  if index == 0:
     try:
       value = compute()
     except ConversionError as e:

@@ -153,6 +153,31 @@ class CoordinatorClaimsTest(absltest.TestCase):
     self.assertCountEqual(written[0] + written[1], range(len(sizes)))
     self.assertGreater(sum(sizes[n] for n in written[0]), 0.6 * sum(sizes))  # It took over process 1's end.
 
+  def test_every_process_takes_the_primarys_value_or_its_failure(self):
+    answers, asked = [None, None], []
+
+    def value(index: int, name: str, compute) -> None:
+      with mock.patch.object(ocp.multihost, "get_jax_distributed_client", return_value=self.clients[index]):
+        try:
+          answers[index] = processes.primary_value(name, compute, index, timeout_s=30)
+        except ConversionError as e:
+          answers[index] = e
+
+    def commit() -> str:
+      asked.append(1)
+      return "c" * 40
+
+    self._in_parallel([lambda: value(1, "hub/o/n@main", lambda: "never asked"),
+                       lambda: value(0, "hub/o/n@main", commit)])
+    self.assertEqual((answers, asked), (["c" * 40, "c" * 40], [1]))
+
+    def refused() -> str:
+      raise ConversionError("o/n (revision main): repository not found")
+
+    self._in_parallel([lambda: value(1, "hub/o/absent@main", commit), lambda: value(0, "hub/o/absent@main", refused)])
+    self.assertEqual([str(a) for a in answers], ["o/n (revision main): repository not found"] * 2)
+    self.assertEqual(asked, [1])
+
   def test_one_process_makes_no_claims(self):
     self.assertIsNone(processes.claims(Processes()))
 

@@ -33,7 +33,7 @@ from absl import app, flags
 
 from tools import hub_stand_in, synthetic_checkpoint
 from tools.benchmark_runner import (CONVERTER, PYTHON, ResultsPage, ResultTable, alternating, child_env,
-                                    command_line, du, machine_description, measure, print_table,
+                                    command_line, dry_run, machine_description, measure, print_table,
                                     render_run_section, workspace_path)
 
 FLAGS = flags.FLAGS
@@ -73,7 +73,7 @@ class DiskSampler:
   def _sample(self) -> None:
     start = time.monotonic()
     while not self._stop.is_set():
-      self.trace.append((time.monotonic() - start, sum(_du(d) for d in self._directories)))
+      self.trace.append((time.monotonic() - start, sum(disk_use(d) for d in self._directories)))
       self._stop.wait(0.2)
 
   def __enter__(self) -> "DiskSampler":
@@ -89,11 +89,16 @@ class DiskSampler:
     return max((b for _, b in self.trace), default=0)
 
 
-def _du(path: str) -> int:
-  try:
-    return du(path)
-  except OSError:  # A file renamed or removed while walking.
-    return 0
+def disk_use(path: str) -> int:
+  """The bytes the files below `path` occupy, a link counted as a link (the HF cache's snapshots link its blobs)."""
+  total = 0
+  for root, _, names in os.walk(path):
+    for name in names:
+      try:
+        total += os.lstat(os.path.join(root, name)).st_blocks * 512
+      except OSError:  # Renamed or removed while walking.
+        pass
+  return total
 
 
 def _fresh(path: str) -> str:
@@ -116,12 +121,12 @@ class Rounds:
     self.figures.setdefault(name, []).append(figures)
     return figures["wall"]
 
-  def _dirs(self) -> tuple[str, str, str]:
+  def fresh_dirs(self) -> tuple[str, str, str]:
     return (_fresh(os.path.join(FLAGS.work_dir, "cache")), _fresh(os.path.join(FLAGS.work_dir, "tmp")),
             os.path.join(_fresh(os.path.join(FLAGS.work_dir, "out")), "ckpt"))
 
   def download(self) -> float:
-    cache, tmp, _ = self._dirs()
+    cache, tmp, _ = self.fresh_dirs()
     sent = self.hub.bytes_sent
     names = sorted(n for n in os.listdir(self.input_dir) if n.endswith((".json", ".safetensors")))
     with DiskSampler(cache, tmp) as disk:
@@ -131,13 +136,13 @@ class Rounds:
                       fetched=self.hub.bytes_sent - sent)
 
   def local(self) -> float:
-    cache, tmp, out = self._dirs()
+    cache, tmp, out = self.fresh_dirs()
     measured = measure("local conversion", [*CONVERTER, f"--hf_model_path={self.input_dir}", f"--output_dir={out}",
                                             "--noprogress"], env=dict(self.env, HF_HUB_CACHE=cache, TMPDIR=tmp))
     return self._keep("local", wall=measured.wall, cpu=measured.cpu, peak=measured.peak, disk=0, fetched=0)
 
   def _from_hub(self, name: str, *flags_given: str) -> float:
-    cache, tmp, out = self._dirs()
+    cache, tmp, out = self.fresh_dirs()
     sent, requests = self.hub.bytes_sent, len(self.hub.ranges)
     rss: list[tuple[float, int]] = []
     with DiskSampler(cache, tmp) as disk:
@@ -155,8 +160,26 @@ class Rounds:
     return self._from_hub("download first", "--hub_download_first")
 
 
-def _median(rounds: Rounds, name: str, key: str) -> float:
-  return statistics.median(f[key] for f in rounds.figures[name])
+def _mib_or_kib(nbytes: float) -> str:
+  return f"{nbytes / 2**20:,.0f} MiB" if nbytes >= 2**20 else f"{nbytes / 2**10:,.0f} KiB"
+
+
+def summary_rows(figures: dict[str, list[dict]], needed: int) -> tuple[tuple[str, ...], ...]:
+  """Each run's medians: the hub run against the longer floor, the download-first run against their sum."""
+  median = lambda name, key: statistics.median(f[key] for f in figures[name])
+  walls = {name: median(name, "wall") for name in figures}
+  floor = max(walls["download"], walls["local"])
+  rows = []
+  for name in ("download", "local", "hub", "download first"):
+    fetched = median(name, "fetched")
+    against = (f"{walls[name] / floor:.2f}x the longer floor" if name == "hub" else
+               f"{walls[name] / (walls['download'] + walls['local']):.2f}x the floors' sum" if name == "download first"
+               else "floor")
+    rows.append((name, f"{walls[name]:.1f} s", against, f"{median(name, 'cpu'):.1f}",
+                 f"{median(name, 'peak') / 2**20:.0f} MiB", _mib_or_kib(median(name, 'disk')),
+                 f"{fetched / 1e9:.2f} GB ({fetched / needed:.3f}x)" if fetched else "-",
+                 f"{median(name, 'requests'):,.0f}" if "requests" in figures[name][0] else "-"))
+  return tuple(rows)
 
 
 def draw(traces: dict, path: str, title: str) -> None:
@@ -198,31 +221,24 @@ def main(argv: Sequence[str]) -> None:
                                  latency_s=FLAGS.latency_ms / 1e3, aggregate_bytes_per_s=FLAGS.aggregate_mb_s * 1e6)
   with hub_stand_in.HubStandIn({REPO: input_dir}, link=link, root_parent=FLAGS.work_dir) as hub:
     rounds = Rounds(hub, input_dir, needed)
+    cache, tmp, out = rounds.fresh_dirs()
+    predicted, = dry_run([*CONVERTER, f"--hf_model_path={REPO}", f"--output_dir={out}"],
+                         dict(rounds.env, HF_HUB_CACHE=cache, TMPDIR=tmp), "predicted peak RSS")
     alternating([("download", rounds.download), ("local", rounds.local), ("hub", rounds.hub_ranged),
                  ("download first", rounds.download_first)], FLAGS.runs,
                 after_round=lambda i, s: print(f"round {i + 1}: " + ", ".join(f"{n} {v[-1]:.1f} s"
                                                                              for n, v in s.items()), flush=True))
   shutil.rmtree(FLAGS.work_dir + "/out", ignore_errors=True)
-  walls = {name: _median(rounds, name, "wall") for name in rounds.figures}
-  floor = max(walls["download"], walls["local"])
-  rows = []
-  for name in ("download", "local", "hub", "download first"):
-    fetched = _median(rounds, name, "fetched")
-    against = (f"{walls[name] / floor:.2f}x the longer floor" if name == "hub" else
-               f"{walls[name] / (walls['download'] + walls['local']):.2f}x the floors' sum" if name == "download first"
-               else "floor")
-    rows.append((name, f"{walls[name]:.1f} s", against, f"{_median(rounds, name, 'cpu'):.1f}",
-                 f"{_median(rounds, name, 'peak') / 2**20:.0f} MiB", f"{_median(rounds, name, 'disk') / 2**20:,.0f} MiB",
-                 f"{fetched / 1e9:.2f} GB ({fetched / needed:.3f}x)" if fetched else "-",
-                 f"{_median(rounds, name, 'requests'):,.0f}" if "requests" in rounds.figures[name][0] else "-"))
+  rows = summary_rows(rounds.figures, needed)
   stamp = started.strftime("%Y%m%d-%H%M")
   plot = workspace_path(os.path.join(FLAGS.plot_dir, f"{stamp}.png"))
   draw(rounds.traces, plot, f"{needed / 1e9:.2f} GB from the Hub stand-in, last round")
   table = ResultTable(
       f"{needed / 1e9:.2f} GB of bfloat16 weights in {FLAGS.shard_mb} MB shards; link: {FLAGS.per_connection_mb_s:g}"
       f" MB/s a connection, {FLAGS.latency_ms:g} ms a request, {FLAGS.aggregate_mb_s:g} MB/s in all; medians of"
-      f" {FLAGS.runs}; fetched: the storage host's bytes (over the weights' bytes); requests: ranged GETs",
-      ("run", "wall", "against", "CPU-s", "peak RSS", "peak local disk", "fetched", "requests"), tuple(rows))
+      f" {FLAGS.runs}; fetched: the storage host's bytes (over the weights' bytes); requests: ranged GETs; the hub"
+      f" run's --dry_run predicted a peak RSS of {predicted / 2**20:.0f} MiB",
+      ("run", "wall", "against", "CPU-s", "peak RSS", "peak local disk", "fetched", "requests"), rows)
   print_table(table)
   rel = os.path.relpath(plot, os.path.dirname(workspace_path(FLAGS.results_page)))
   section = render_run_section([table], started, machine_description(),

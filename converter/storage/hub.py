@@ -160,21 +160,21 @@ def api():
 # Resolving a revision ---------------------------------------------------------------------------------------------
 
 
-def _cache():
+def _huggingface_hub():
   import huggingface_hub  # pylint: disable=g-import-not-at-top
 
   return huggingface_hub
 
 
 def _offline() -> bool:
-  return _cache().constants.HF_HUB_OFFLINE
+  return _huggingface_hub().constants.HF_HUB_OFFLINE
 
 
 def resolve_commit(repo_id: str, revision: str, first_file: str) -> str:
   """The commit `revision` (a branch, tag or commit) of `repo_id` is at, from `first_file` (the file a conversion
   reads first: config.json, adapter_config.json): the local cache's when it holds that file at that revision (no
   request at all), else the Hub's answer. Raises, naming the repo and revision, when neither knows it."""
-  hub = _cache()
+  hub = _huggingface_hub()
   where = f"{repo_id} (revision {revision})"
   cached = hub.try_to_load_from_cache(repo_id, first_file, revision=revision)
   if isinstance(cached, str):
@@ -230,7 +230,7 @@ def local_copy(path: str) -> str | None:
   """The local file holding `path`'s bytes: complete in the HF cache already, or fetched whole into it now (a
   file that is not weights, every file with `download_first`, every file offline); None when its weights are to be
   read by ranges, or when the repo has no such file (`exists` tells them apart)."""
-  hub = _cache()
+  hub = _huggingface_hub()
   file = parse(path)
   cached = hub.try_to_load_from_cache(file.repo_id, file.filename, revision=file.revision)
   if isinstance(cached, str):
@@ -260,7 +260,7 @@ def _metadata(path: str, refresh: bool = False):
     known = _metadatas.get(path)
   if known is not None and not refresh:
     return known
-  hub = _cache()
+  hub = _huggingface_hub()
   file = parse(path)
   with _lock:
     _stats.resolves += 1
@@ -338,7 +338,7 @@ def _location(path: str, refresh: bool = False) -> str:
 
 
 def _on_storage_host(location: str) -> bool:
-  return urlsplit(location).netloc != urlsplit(_cache().constants.ENDPOINT).netloc
+  return urlsplit(location).netloc != urlsplit(_huggingface_hub().constants.ENDPOINT).netloc
 
 
 def _headers(location: str) -> dict[str, str]:
@@ -346,7 +346,7 @@ def _headers(location: str) -> dict[str, str]:
   which takes the signed URL alone and must never see the token."""
   if _on_storage_host(location):
     return {"Accept-Encoding": "identity"}
-  return {**_cache().utils.build_hf_headers(), "Accept-Encoding": "identity"}
+  return {**_huggingface_hub().utils.build_hf_headers(), "Accept-Encoding": "identity"}
 
 
 class HubReadError(OSError):
@@ -424,7 +424,7 @@ def _fetch(path: str, start: int, into: memoryview) -> None:
 def _status_error(response) -> Exception:
   """huggingface_hub's error for a refused request (gated, not found, a refused token)."""
   try:
-    _cache().utils.hf_raise_for_status(response)
+    _huggingface_hub().utils.hf_raise_for_status(response)
   except Exception as e:  # pylint: disable=broad-except
     return e
   return HubReadError(f"HTTP {response.status_code}")
