@@ -15,7 +15,7 @@ LAYERS = (
     ("converter/storage", "converter.json_input", "converter.ops", "converter.model_config", "converter.processes",
      "converter.progress"),
     ("converter/checkpoint_format",),
-    ("converter/sources", "converter.hub"),
+    ("converter/sources",),
     ("converter/families",),
     ("converter/layout",),
     ("converter.options",),

@@ -18,6 +18,7 @@ from typing import Mapping, Protocol, Sequence, runtime_checkable
 import ml_dtypes
 import numpy as np
 
+from converter import storage
 from converter.arrays import Shape
 from converter.checkpoint_format.record import SourceFacts
 
@@ -104,7 +105,9 @@ class QuantizedSource:
   tensors: Mapping[str, SourceTensor]
   files: tuple[str, ...]
   quant_method: str
-  read_cache_bytes = 0
+  @property
+  def read_cache_bytes(self) -> int:
+    return storage.read_overhead_bytes(self.location)
 
   @property
   def facts(self) -> SourceFacts:

@@ -302,7 +302,9 @@ class LoraMergedSource:
   quant_method: str | None
   adapter: LoraAdapter
   merged: Mapping[str, str]
-  read_cache_bytes = 0
+  @property
+  def read_cache_bytes(self) -> int:
+    return storage.read_overhead_bytes(self.location)
 
   @property
   def facts(self) -> SourceFacts:

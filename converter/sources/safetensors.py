@@ -192,7 +192,9 @@ class SafetensorsSource:
 
   quant_method = None
   facts = SourceFacts()
-  read_cache_bytes = 0
+  @property
+  def read_cache_bytes(self) -> int:
+    return storage.read_overhead_bytes(self.location)
 
   @property
   def files(self) -> list[str]:

@@ -274,6 +274,12 @@ def read_bytes(path: str, start: int = 0, stop: int | None = None) -> bytes:
 
 
 
+def read_overhead_bytes(path: str) -> int:
+  """What reading a checkpoint at `path` holds besides the blocks read (its connections, their threads), per
+  process: what `--dry_run` adds for it."""
+  return hub.READ_OVERHEAD_BYTES if hub.is_hub(path) else 0
+
+
 def read_region(path: str, begin: int, stored: np.dtype, shape: tuple[int, ...], slices: tuple[slice, ...],
                 span: tuple[int, int], dtype: np.dtype, transpose: bool = False) -> np.ndarray:
   """A C-ordered private copy of `[slices]` of the tensor stored at byte `begin` of `path`, cast to `dtype`

@@ -34,6 +34,9 @@ SCHEME = "hf://"
 _PATH = re.compile(r"hf://(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)(?:@(?P<revision>[^/\s]+))?(?:/(?P<file>.*))?")
 REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 _WEIGHTS = re.compile(r".*\.safetensors")  # Read by ranges; every other file is small and fetched whole.
+# Resident besides the blocks while the weights stream in (the connections, their threads' heaps), fitted to
+# tools/hub_benchmark.py's peaks against a local conversion's (docs/buckets-and-hub.md): what --dry_run adds.
+READ_OVERHEAD_BYTES = 32 << 20
 _RETRIED_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 _EXPIRED_STATUS = frozenset({401, 403, 404, 410})  # From a storage host: its signed URL expired; resolve again.
 
@@ -72,9 +75,16 @@ _lock = threading.Lock()
 
 
 def configure(**changes: Any) -> None:
-  global _settings, _pool, _client
-  _settings = dataclasses.replace(_settings, **changes)
-  _pool = _client = None
+  """Changes the settings; the connections are opened again with them at the next read."""
+  global _settings, _pool
+  with _lock:
+    _settings = dataclasses.replace(_settings, **changes)
+    if _pool is not None:
+      _pool.shutdown(wait=True)
+    for manager in _http.values():
+      manager.clear()
+    _pool = None
+    _http.clear()
 
 
 def stats() -> Stats:
@@ -161,7 +171,11 @@ def api():
 
 
 def _huggingface_hub():
+  """The package, with the submodules used here loaded (its attributes load lazily, not these)."""
   import huggingface_hub  # pylint: disable=g-import-not-at-top
+  import huggingface_hub.constants  # pylint: disable=g-import-not-at-top,unused-import
+  import huggingface_hub.errors  # pylint: disable=g-import-not-at-top,unused-import
+  import huggingface_hub.utils  # pylint: disable=g-import-not-at-top,unused-import
 
   return huggingface_hub
 
@@ -189,7 +203,7 @@ def resolve_commit(repo_id: str, revision: str, first_file: str) -> str:
     raise ConversionError(f"{where}: revision {revision!r} not found") from e
   except hub.errors.EntryNotFoundError as e:
     raise ConversionError(f"{where}: the repo has no {first_file}") from e
-  except Exception as e:  # pylint: disable=broad-except  # httpx2's and huggingface_hub's errors, said in one line.
+  except Exception as e:  # pylint: disable=broad-except  # huggingface_hub's (and its client's), said in one line.
     raise error(where, e, f"reading {first_file}") from e
   if not metadata.commit_hash:
     raise ConversionError(f"{where}: the Hub named no commit for {first_file} (X-Repo-Commit missing)")
@@ -313,20 +327,43 @@ def version(path: str) -> str:
 # Ranged reads -----------------------------------------------------------------------------------------------------
 
 _pool: concurrent.futures.ThreadPoolExecutor | None = None
-_client: Any = None
+_http: dict[str | None, Any] = {}  # urllib3's pool managers, by the proxy they go through (None: none).
 
 
-def _connections() -> tuple[concurrent.futures.ThreadPoolExecutor, Any]:
-  global _pool, _client
+def _parts_pool() -> concurrent.futures.ThreadPoolExecutor:
+  global _pool
   with _lock:
     if _pool is None:
-      import httpx2  # pylint: disable=g-import-not-at-top
-
       _pool = concurrent.futures.ThreadPoolExecutor(_settings.connections, thread_name_prefix="hf2maxtext-hub")
-      _client = httpx2.Client(follow_redirects=True, timeout=httpx2.Timeout(60.0, connect=30.0),
-                              limits=httpx2.Limits(max_connections=_settings.connections,
-                                                   max_keepalive_connections=_settings.connections))
-    return _pool, _client
+    return _pool
+
+
+def _http_for(location: str):
+  """urllib3's connections to `location`'s host (through HTTPS_PROXY or HTTP_PROXY unless NO_PROXY names it):
+  its responses read straight into the caller's buffer (`readinto`), a fraction of the CPU a pure-Python HTTP
+  parser spends per byte (docs/buckets-and-hub.md)."""
+  import urllib.request  # pylint: disable=g-import-not-at-top
+  import urllib3  # pylint: disable=g-import-not-at-top
+
+  parts = urlsplit(location)
+  proxy = None if urllib.request.proxy_bypass(parts.hostname or "") else urllib.request.getproxies().get(parts.scheme)
+  with _lock:
+    manager = _http.get(proxy)
+    if manager is None:
+      options = dict(num_pools=8, maxsize=_settings.connections, retries=False,
+                     timeout=urllib3.Timeout(connect=30.0, read=60.0), ca_certs=_ca_certs())
+      manager = urllib3.ProxyManager(proxy, **options) if proxy else urllib3.PoolManager(**options)
+      _http[proxy] = manager
+    return manager
+
+
+def _ca_certs() -> str | None:
+  """certifi's bundle where it is installed (it is, with huggingface_hub), as huggingface_hub's own client uses."""
+  try:
+    import certifi  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return None
+  return certifi.where()
 
 
 def _location(path: str, refresh: bool = False) -> str:
@@ -363,9 +400,8 @@ def _retry_delay(attempt: int, retry_after: str | None) -> float:
 def _fetch(path: str, start: int, into: memoryview) -> None:
   """Bytes [start, start + len(into)) of `path` into `into`: one ranged GET, retried; a connection dropped midway
   is resumed from the first byte it did not deliver."""
-  import httpx2  # pylint: disable=g-import-not-at-top
+  import urllib3  # pylint: disable=g-import-not-at-top
 
-  _, client = _connections()
   stop = start + len(into)
   refreshed = False
   attempt = 0
@@ -374,36 +410,44 @@ def _fetch(path: str, start: int, into: memoryview) -> None:
     why = None
     retry_after = None
     received = 0
+    response = None
     try:
-      with client.stream("GET", location, headers={**_headers(location), "Range": f"bytes={start}-{stop - 1}"}) as r:
-        with _lock:
-          _stats.requests += 1
-        if r.status_code == 206 or (r.status_code == 200 and start == 0 and stop == size(path)):
-          for chunk in r.iter_bytes():
-            end = received + len(chunk)
-            if end > len(into):
-              raise HubReadError(f"bytes {start}-{stop}: the server sent more than the range asked for")
-            into[received:end] = chunk
-            received = end
-          if received == len(into):
-            return
-          why = f"connection closed after {received:,} of {len(into):,} bytes"
-        elif r.status_code in _RETRIED_STATUS:
-          why = f"HTTP {r.status_code}"
-          retry_after = r.headers.get("Retry-After")
-        elif r.status_code in _EXPIRED_STATUS and not refreshed and _on_storage_host(location):
-          refreshed = True  # The storage host's signed URL expired: ask the Hub for a new one, once.
-          _location(path, refresh=True)
-          continue
-        elif r.status_code == 200:
-          raise HubReadError(f"bytes {start}-{stop}: {urlsplit(location).netloc} ignored the range request (HTTP"
-                             " 200 with the whole file)")
-        else:
-          r.read()
-          raise error(path, _status_error(r), f"reading bytes {start}-{stop}")
-    except (httpx2.TransportError, httpx2.DecodingError) as e:
-      why = _first_line(e)
+      response = _http_for(location).request(
+          "GET", location, headers={**_headers(location), "Range": f"bytes={start}-{stop - 1}"},
+          preload_content=False, decode_content=False, redirect=False)
+      with _lock:
+        _stats.requests += 1
+      status = response.status
+      if status == 206 or (status == 200 and start == 0 and stop == size(path)):
+        while received < len(into):
+          count = response.readinto(into[received:])
+          if not count:
+            break
+          received += count
+        if received == len(into):
+          return
+        why = f"connection lost after {received:,} of {len(into):,} bytes"
+      elif status in _RETRIED_STATUS:
+        why = f"HTTP {status}"
+        retry_after = response.headers.get("Retry-After")
+      elif status in _EXPIRED_STATUS and not refreshed and _on_storage_host(location):
+        refreshed = True  # The storage host's signed URL expired: ask the Hub for a new one, once.
+        _location(path, refresh=True)
+        continue
+      elif status == 200:
+        raise HubReadError(f"bytes {start}-{stop}: {urlsplit(location).netloc} ignored the range request (HTTP 200"
+                           " with the whole file)")
+      else:
+        message = response.headers.get("X-Error-Message") or response.reason or ""
+        raise HubReadError(f"bytes {start}-{stop}: HTTP {status} from {urlsplit(location).netloc}"
+                           + (f": {message}" if message else ""))
+    except (urllib3.exceptions.HTTPError, OSError) as e:
+      if isinstance(e, HubReadError):
+        raise
+      why = f"connection lost: {_first_line(e)}"
     finally:
+      if response is not None:
+        response.release_conn() if received == len(into) else response.close()
       with _lock:
         _stats.bytes += received
     start += received
@@ -414,20 +458,11 @@ def _fetch(path: str, start: int, into: memoryview) -> None:
     attempt += 1
     with _lock:
       _stats.retries += 1
-      reason = why.split(" after ")[0] if why.startswith("connection closed") else why.split(":")[0]
+      reason = "connection lost" if why.startswith("connection lost") else why
       _stats.reasons[reason] = _stats.reasons.get(reason, 0) + 1
     logging.warning("%s: bytes %d-%d: %s; retry %d of %d in %.1f s", path, start, stop, why, attempt,
                     _settings.max_retries, delay)
     time.sleep(delay)
-
-
-def _status_error(response) -> Exception:
-  """huggingface_hub's error for a refused request (gated, not found, a refused token)."""
-  try:
-    _huggingface_hub().utils.hf_raise_for_status(response)
-  except Exception as e:  # pylint: disable=broad-except
-    return e
-  return HubReadError(f"HTTP {response.status_code}")
 
 
 def read_into(path: str, start: int, into: memoryview) -> None:
@@ -436,7 +471,7 @@ def read_into(path: str, start: int, into: memoryview) -> None:
   if len(into) <= part:
     _fetch(path, start, into)
     return
-  pool, _ = _connections()
+  pool = _parts_pool()
   futures = [pool.submit(_fetch, path, start + offset, into[offset:offset + part])
              for offset in range(0, len(into), part)]
   try:

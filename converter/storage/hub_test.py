@@ -3,11 +3,13 @@ and tools/hub_stand_in_test.py)."""
 
 import os
 import types
+from unittest import mock
 
 from absl.testing import absltest
 
 from converter.errors import ConversionError
 from converter.storage import hub
+from tools import hub_stand_in
 
 
 class PathTest(absltest.TestCase):
@@ -55,6 +57,61 @@ class ErrorTest(absltest.TestCase):
     gated = errors.GatedRepoError("403 Client Error.\n\nCannot access gated repo", response=response)
     self.assertIn("gated repo; accept its terms on the Hub and set HF_TOKEN", str(hub.error("o/n", gated, "reading")))
     self.assertNotIn("\n", str(hub.error("o/n", ValueError("first\nsecond"), "reading")))
+
+
+class RangedReadTest(absltest.TestCase):
+  """Reads through the Hub stand-in (a redirect to a storage host that answers ranges), as the converter makes them."""
+
+  def setUp(self):
+    super().setUp()
+    import huggingface_hub.constants  # pylint: disable=g-import-not-at-top
+
+    directory = self.create_tempdir().full_path
+    self.data = os.urandom(3 << 20)
+    with open(os.path.join(directory, "model.safetensors"), "wb") as f:
+      f.write(self.data)
+    with open(os.path.join(directory, "config.json"), "w") as f:
+      f.write("{}")
+    self.hub = self.enter_context(hub_stand_in.HubStandIn({"o/n": directory}))
+    self.enter_context(mock.patch.multiple(
+        huggingface_hub.constants, ENDPOINT=self.hub.url, HF_HUB_OFFLINE=False,
+        HF_HUB_CACHE=self.create_tempdir().full_path,
+        HUGGINGFACE_CO_URL_TEMPLATE=self.hub.url + "/{repo_id}/resolve/{revision}/{filename}"))
+    defaults = hub.Settings()
+    hub.configure(part_bytes=1 << 20, connections=4, initial_delay_s=0.01, max_delay_s=0.05)
+    self.addCleanup(hub.configure, **{f: getattr(defaults, f) for f in ("part_bytes", "connections",
+                                                                         "initial_delay_s", "max_delay_s")})
+    hub.forget()
+    self.addCleanup(hub.forget)
+    self.weights = hub.path_of("o/n", hub_stand_in.COMMIT, "model.safetensors")
+
+  def test_parts_in_parallel_through_faults_each_byte_once(self):
+    self.hub.faults.extend([429, "drop", 503])
+    start, stop = 100, (3 << 20) - 7
+    self.assertEqual(bytes(hub.read_bytes(self.weights, start, stop)), self.data[start:stop])
+    self.assertEqual(self.hub.faults_served, [429, "drop", 503])
+    self.assertEqual((hub.stats().retries, hub.stats().bytes, self.hub.bytes_sent), (3, stop - start, stop - start))
+    self.assertEqual(sorted(hub.stats().reasons), ["HTTP 429", "HTTP 503", "connection lost"])
+    self.assertGreaterEqual(len(self.hub.ranges), 3)  # Three parts of 1 MiB, the dropped one resumed.
+    self.assertEqual(self.hub.storage_authorizations, [])
+    self.assertEqual(hub.size(self.weights), len(self.data))
+    self.assertEqual(hub.resolve_commit("o/n", "main", "config.json"), hub_stand_in.COMMIT)
+
+  def test_retries_run_out_naming_the_bytes(self):
+    hub.configure(max_retries=2)
+    self.addCleanup(hub.configure, max_retries=hub.Settings().max_retries)
+    self.hub.faults.extend([503, 503, 503])
+    with self.assertRaisesRegex(hub.HubReadError, r"bytes 0-8: HTTP 503, still after 2 retries"):
+      hub.read_bytes(self.weights, 0, 8)
+
+  def test_a_file_the_repo_lacks(self):
+    missing = hub.path_of("o/n", hub_stand_in.COMMIT, "model-00002-of-00002.safetensors")
+    self.assertFalse(hub.exists(missing))
+    self.assertTrue(hub.exists(self.weights))
+    self.assertIsNone(hub.local_copy(self.weights))  # Weights are read by ranges, never downloaded whole.
+    config = hub.local_copy(hub.path_of("o/n", hub_stand_in.COMMIT, "config.json"))
+    with open(config) as f:
+      self.assertEqual(f.read(), "{}")
 
 
 class _HttpError(Exception):
