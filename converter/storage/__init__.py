@@ -254,7 +254,7 @@ def _kvstore(scheme: str, bucket: str):
 
 def read_bytes(path: str, start: int = 0, stop: int | None = None) -> bytes:
   """Bytes [start, stop) of a file or object (the rest of it when `stop` is None); a bucket object is read with
-  one ranged request, a Hub file's weights with ranged requests in parallel parts (bytes-like, not a copy)."""
+  one ranged request, a Hub file's with ranged requests in parallel parts."""
   path = _hub_local(path) or path
   if hub.is_hub(path):
     return hub.read_bytes(path, start, stop)
@@ -272,6 +272,13 @@ def read_bytes(path: str, start: int = 0, stop: int | None = None) -> bytes:
     raise remote_error(path, FileNotFoundError("not found"), "reading")
   return result.value
 
+
+
+def read_span(path: str, start: int, stop: int) -> np.ndarray:
+  """Bytes [start, stop) of a bucket object or a Hub file as a uint8 array (a tensor region's: ranged_file.py)."""
+  if hub.is_hub(path):
+    return hub.read_array(path, start, stop)
+  return np.frombuffer(read_bytes(path, start, stop), np.uint8)
 
 
 def read_overhead_bytes(path: str) -> int:

@@ -27,6 +27,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from absl import logging
+import numpy as np
 
 from converter.errors import ConversionError
 
@@ -482,13 +483,17 @@ def read_into(path: str, start: int, into: memoryview) -> None:
       future.cancel()
 
 
-def read_bytes(path: str, start: int, stop: int | None) -> bytearray:
-  """Bytes [start, stop) of the file (to its end when `stop` is None), in a buffer of their own."""
-  if stop is None:
-    stop = size(path)
-  buffer = bytearray(max(0, stop - start))
-  read_into(path, start, memoryview(buffer))
-  return buffer
+def read_array(path: str, start: int, stop: int) -> np.ndarray:
+  """Bytes [start, stop) of the file as a fresh uint8 array (a tensor region's), its pages first touched by the
+  reads that fill it: no zeroing pass, no copy."""
+  array = np.empty(max(0, stop - start), np.uint8)
+  read_into(path, start, memoryview(array))
+  return array
+
+
+def read_bytes(path: str, start: int, stop: int | None) -> bytes:
+  """Bytes [start, stop) of the file (to its end when `stop` is None): a header's, a config's."""
+  return read_array(path, start, size(path) if stop is None else stop).tobytes()
 
 
 def forget() -> None:

@@ -1,6 +1,6 @@
-"""A bucket object's tensor regions, each with one ranged request (`storage.read_bytes`) for the bytes from the
-region's first element to its last: a run of rows is exactly its bytes; a block of a 2-D grid reads the rows
-between, which are small. Nothing else of the object is fetched."""
+"""A bucket object's or a Hub file's tensor regions, each with one ranged read (`storage.read_span`) of the bytes
+from the region's first element to its last: a run of rows is exactly its bytes; a block of a 2-D grid reads the
+rows between, which are small. Nothing else of the object is fetched."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def read(path: str, begin: int, stored: np.dtype, shape: tuple[int, ...], slices
     return np.zeros(placed_shape(region, transpose), dtype)
   from converter import storage  # pylint: disable=g-import-not-at-top  (the package imports this module)
 
-  data = np.frombuffer(storage.read_bytes(path, first, last), dtype=stored)
+  data = storage.read_span(path, first, last).view(stored)
   strides = tuple(int(np.prod(shape[k + 1:], dtype=np.int64)) * stored.itemsize for k in range(len(shape)))
   view = np.lib.stride_tricks.as_strided(data, region, strides, writeable=False)
   return private_copy(view, dtype, transpose)
