@@ -40,6 +40,7 @@ from converter.output.destination import Destination, Journal
 from converter.output.primary import on_primary_then_all
 from converter.planning.plan import Plan
 from converter.sources import SourceTensor
+from converter.storage import hub
 from handlers.shares import Processes
 
 RESUME_DIR = f"{orbax_layout.STEP}.hf2maxtext-resume"
@@ -61,6 +62,19 @@ def fingerprint(plan: Plan) -> dict[str, Any]:
       ).encode()).hexdigest(),
       "target_model": plan.target_model,
   }
+
+
+def _moved_revision(recorded: dict[str, Any], current: dict[str, Any]) -> str | None:
+  """What to say when the interrupted run read a Hub repo at another commit than its revision names now."""
+  commits = lambda fingerprint: {(f.repo_id, f.revision) for f in
+                                 (hub.parse(i[0]) for i in fingerprint.get("inputs", []) if hub.is_hub(i[0]))}
+  before, now = commits(recorded), commits(current)
+  if not before or before == now:
+    return None
+  repo, commit = sorted(before)[0]
+  return (f" ({repo} was read at commit {commit}, and the revision now names"
+          f" {', '.join(sorted(c for r, c in now if r == repo)) or 'another'}): pass --revision={commit} with"
+          " --resume to finish it, or rerun without --resume")
 
 
 Block = tuple[tuple[int, ...], tuple[int, ...]]  # (start, stop) of a region.
@@ -143,11 +157,13 @@ def prepare(destination: Destination, plan: Plan, *, resume: bool,
   current = fingerprint(plan)
   fingerprint_path = storage.join(directory, "fingerprint.json")
   resuming = resume and storage.is_file(fingerprint_path)
-  if resuming and json.loads(storage.read_text(fingerprint_path)) != current:
-    raise ConversionError(
-        f"{directory}: cannot resume: the inputs or the plan changed since the interrupted run"
-        " (different files, sizes, modification times, flags or target); rerun without --resume"
-    )
+  if resuming:
+    recorded = json.loads(storage.read_text(fingerprint_path))
+    if recorded != current:
+      raise ConversionError(
+          f"{directory}: cannot resume: the inputs or the plan changed since the interrupted run"
+          + (_moved_revision(recorded, current) or " (different files, sizes, modification times, flags or target);"
+             " rerun without --resume"))
   on_primary_then_all(processes, "resume directory prepared",
                       lambda: _prepare_directory(destination, current, resuming=resuming, warn=resume and not resuming))
   salvage, generation = _salvage(directory) if resuming else ({}, 0)

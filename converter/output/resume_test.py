@@ -84,5 +84,19 @@ class ResumeTest(absltest.TestCase):
     self.assertEqual(salvaged.leaves[0].loader.source_tensors(), leaf.loader.source_tensors())
 
 
+
+class MovedRevisionTest(absltest.TestCase):
+  """A Hub repo read at one commit, its revision naming another when resumed: the commit to pass is said."""
+
+  def test_the_commit_read_is_named(self):
+    read = lambda commit: {"inputs": [[f"hf://o/n@{commit}/model.safetensors", 10, f"{commit}:e"]], "plan": "p"}
+    moved = resume._moved_revision  # pylint: disable=protected-access
+    said = moved(read("a" * 40), read("b" * 40))
+    self.assertIn(f"o/n was read at commit {'a' * 40}, and the revision now names {'b' * 40}", said)
+    self.assertIn(f"pass --revision={'a' * 40} with --resume", said)
+    self.assertIsNone(moved(read("a" * 40), {**read("a" * 40), "plan": "q"}))
+    self.assertIsNone(moved({"inputs": [["/m/model.safetensors", 1, "1"]]}, {"inputs": []}))
+
+
 if __name__ == "__main__":
   absltest.main()

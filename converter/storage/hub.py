@@ -250,7 +250,8 @@ def local_copy(path: str) -> str | None:
   cached = hub.try_to_load_from_cache(file.repo_id, file.filename, revision=file.revision)
   if isinstance(cached, str):
     return cached
-  if cached is hub._CACHED_NO_EXIST or (_offline() and not _WEIGHTS.fullmatch(file.filename)):  # pylint: disable=protected-access
+  no_such_file = cached is hub._CACHED_NO_EXIST  # pylint: disable=protected-access  (the cache's own record)
+  if no_such_file or (_offline() and not _WEIGHTS.fullmatch(file.filename)):
     return None
   if _offline():
     raise ConversionError(f"{path}: not in the local HF cache ({hub.constants.HF_HUB_CACHE}) and HF_HUB_OFFLINE is"
