@@ -98,7 +98,7 @@ class MaxTextOutput:
     # Orbax's primary commits last; nobody reads the output, nor are the salvaged blocks dropped, before every
     # process is here.
     all_then_on_primary(processes, "committed", drop_salvage)
-    return Written(items_path, len(salvage.blocks) if salvage else 0, written[0])
+    return Written(items_path, salvage.reused.count if salvage else 0, written[0])
 
   def _prepare(self, *, keep_unfinished: bool) -> None:
     """Refuses (or with --overwrite removes) an existing step; drops a dead run's leftovers unless kept for

@@ -131,11 +131,29 @@ class Salvaged:
   pieces: tuple[tuple[Block, str], ...] = ()  # Written in pieces: each piece's region and root (`root` unused).
 
 
+class ReusedBlocks:
+  """How many salvaged blocks this process's save actually took instead of recomputing them (a block the journal
+  lists but the database lost, or one the resumed run cuts otherwise, is not one). Pickled, it starts again."""
+
+  def __init__(self):
+    self._lock = threading.Lock()
+    self.count = 0
+
+  def add(self) -> None:
+    with self._lock:
+      self.count += 1
+
+  def __reduce__(self):
+    return ReusedBlocks, ()
+
+
 @dataclasses.dataclass(frozen=True)
 class Salvage:
-  """Blocks already written by earlier attempts: (array name, block) -> where they lie."""
+  """Blocks already written by earlier attempts: (array name, block) -> where they lie; `reused` counts those a
+  save took."""
 
   blocks: dict[tuple[str, Block], Salvaged]
+  reused: ReusedBlocks = dataclasses.field(default_factory=ReusedBlocks, compare=False)
 
   def for_array(self, array_name: str) -> dict[Block, Salvaged]:
     return {block: where for (name, block), where in self.blocks.items() if name == array_name}
@@ -235,7 +253,8 @@ def with_salvage(plan: Plan, salvage: Salvage) -> Plan:
   for leaf in plan.leaves:
     name = ".".join(("params", "params", *leaf.path))
     blocks = salvage.for_array(name)
-    leaves.append(dataclasses.replace(leaf, loader=SalvagingLoader(leaf.loader, name, blocks)) if blocks else leaf)
+    leaves.append(dataclasses.replace(leaf, loader=SalvagingLoader(leaf.loader, name, blocks, salvage.reused))
+                  if blocks else leaf)
   return dataclasses.replace(plan, leaves=tuple(leaves))
 
 
@@ -302,6 +321,7 @@ class SalvagingLoader:
   inner: Loader
   array_name: str
   salvaged: dict[Block, Salvaged]
+  reused: ReusedBlocks = dataclasses.field(default_factory=ReusedBlocks, compare=False)
 
   @property
   def shape(self) -> Shape:
@@ -329,12 +349,14 @@ class SalvagingLoader:
     if where is not None:
       try:
         if not where.pieces:
-          return np.asarray(_open_salvaged(where, self.array_name)[index].read().result())
-        out = np.empty(tuple(s.stop - s.start for s in index), self.dtype)
-        for (start, stop), root in where.pieces:
-          within = tuple(slice(a - s.start, b - s.start) for a, b, s in zip(start, stop, index))
-          piece = _open_salvaged(dataclasses.replace(where, root=root), self.array_name)
-          out[within] = piece[tuple(slice(a, b) for a, b in zip(start, stop))].read().result()
+          out = np.asarray(_open_salvaged(where, self.array_name)[index].read().result())
+        else:
+          out = np.empty(tuple(s.stop - s.start for s in index), self.dtype)
+          for (start, stop), root in where.pieces:
+            within = tuple(slice(a - s.start, b - s.start) for a, b, s in zip(start, stop, index))
+            piece = _open_salvaged(dataclasses.replace(where, root=root), self.array_name)
+            out[within] = piece[tuple(slice(a, b) for a, b in zip(start, stop))].read().result()
+        self.reused.add()
         return out
       except Exception:  # A block the journal lists but the database lost: recompute it.
         pass

@@ -4,7 +4,10 @@ generations nothing refers to any more, and the next generation's journal."""
 import json
 import os
 import tempfile
+from unittest import mock
 
+import numpy as np
+import tensorstore as ts
 from absl.testing import absltest
 
 from converter import conversion
@@ -83,6 +86,19 @@ class ResumeTest(absltest.TestCase):
     self.assertEqual(salvaged.leaves[1:], self.plan.leaves[1:])
     self.assertEqual(salvaged.leaves[0].loader.source_tensors(), leaf.loader.source_tensors())
 
+  def test_only_the_blocks_actually_taken_are_counted(self):
+    leaf = self.plan.leaves[0]
+    name = ".".join(("params", "params", *leaf.path))
+    whole = tuple(slice(0, n) for n in leaf.shape)
+    salvage = resume.Salvage({(name, (tuple(0 for _ in leaf.shape), tuple(leaf.shape))): resume.Salvaged("/r", "/r")})
+    loader = resume.with_salvage(self.plan, salvage).leaves[0].loader
+    np.testing.assert_array_equal(loader.region(whole), leaf.loader.region(whole))  # Lost: recomputed.
+    self.assertEqual(salvage.reused.count, 0)
+    stored = np.full(leaf.shape, 3, leaf.dtype)
+    with mock.patch.object(resume, "_open_salvaged", return_value=ts.array(stored)):
+      np.testing.assert_array_equal(loader.region(whole), stored)
+      loader.region(tuple(slice(0, 1) for _ in leaf.shape))  # Not a journaled block: recomputed.
+    self.assertEqual(salvage.reused.count, 1)
 
 
 class MovedRevisionTest(absltest.TestCase):

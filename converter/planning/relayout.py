@@ -95,7 +95,7 @@ def plan_relayout(checkpoint_path: str, options: PlanOptions, *, family: str | N
     raise ConversionError("--checkpoint_path (a MaxText checkpoint laid out again) takes no --keep_fp8,"
                           " --lora_adapter_path or --text_only: its leaves are copied as they are")
   items_path = items_path_of(checkpoint_path)
-  record = open_maxtext(items_path).record
+  record = ConversionRecord.read(items_path)  # Whether its kernels are native FP8 says how to open it: once.
   fp8 = _recorded_fp8(items_path, record)
   if fp8 is not None and lora_checkpoint_path:
     raise ConversionError(f"{items_path}: a native fp8 checkpoint (--keep_fp8) keeps its FP8 kernels as stored, so"

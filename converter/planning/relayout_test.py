@@ -75,9 +75,11 @@ class _StandIn:
     return _Stored(self.values[tensor.keys])
 
   def relayout(self, **options) -> plan.Plan:
-    with mock.patch.object(relayout, "open_maxtext", self.open_maxtext), \
+    with mock.patch.object(relayout, "open_maxtext", wraps=self.open_maxtext) as opened, \
+        mock.patch.object(ConversionRecord, "read", return_value=self.record), \
         mock.patch.object(maxtext, "_open", self.open):
       the_plan = relayout.plan_relayout(self.items, PlanOptions(**options))
+      self.opens = opened.call_count
       # Each leaf whole, and its first half on every axis read as a region (the writer's blocks).
       return the_plan, {leaf.name: (leaf.loader(), leaf.loader.region(_half(leaf.shape))) for leaf in the_plan.leaves}
 
@@ -129,6 +131,7 @@ class RelayoutTest(parameterized.TestCase):
       with self.subTest(scan=scan):
         stand_in = _StandIn(_forward(model, scan_layers=scan, save_dtype="bfloat16", keep_fp8=True))
         got, values = stand_in.relayout(scan_layers=not scan, save_dtype="bfloat16")
+        self.assertEqual(stand_in.opens, 1)  # Its metadata read once, as stored (raw FP8).
         expected = _forward(model, scan_layers=not scan, save_dtype="bfloat16", keep_fp8=True)
         self.assert_same_leaves(got, values, expected)
         kinds = {leaf.dtype.name for leaf in got.leaves}
@@ -137,7 +140,8 @@ class RelayoutTest(parameterized.TestCase):
         self.assertEqual(got.runtime.config.overrides(), expected.runtime.config.overrides())
     stand_in = _StandIn(_forward(model, scan_layers=True, save_dtype="bfloat16", keep_fp8=True))
     with self.assertRaisesRegex(ConversionError, "native fp8 checkpoint .* a LoRA checkpoint cannot be merged"):
-      with mock.patch.object(relayout, "open_maxtext", stand_in.open_maxtext):
+      with mock.patch.object(relayout, "open_maxtext", stand_in.open_maxtext), \
+          mock.patch.object(ConversionRecord, "read", return_value=stand_in.record):
         relayout.plan_relayout(stand_in.items, PlanOptions(), lora_checkpoint_path="/lora/0/items")
 
   def test_same_stacking_copies_each_leaf_whole(self):
