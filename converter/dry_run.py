@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import math
 
+from converter import storage
 from converter.arrays import human_bytes
 from converter.layout import chunking
 from converter.planning import loaders
@@ -24,14 +25,15 @@ WRITER_BYTES = 72 << 20
 def predicted_peak_bytes(plan: Plan, baseline_bytes: int, max_inflight_bytes: int,
                          block_shapes: list | None = None) -> int:
   """Process baseline (this process, planned: what the conversion's has too) plus the writer's share, the blocks in
-  flight (at most the budget, at least the largest block) with their encoded copies, and a source's read cache;
-  `block_shapes`: the writer's cut under this budget, when the caller has it already."""
+  flight (at most the budget, at least the largest block) with their encoded copies, a source's read cache and
+  what its storage's connections hold; `block_shapes`: the writer's cut under this budget, when the caller has it
+  already."""
   if block_shapes is None:
     _, block_shapes, _, _ = write_blocks(plan, max_inflight_bytes)
   largest_block = max(math.prod(block) * leaf.dtype.itemsize for leaf, block in zip(plan.leaves, block_shapes))
   inflight = min(max(max_inflight_bytes, largest_block), plan.total_bytes)
-  read_cache = plan.source.read_cache_bytes
-  return int(baseline_bytes + WRITER_BYTES + INFLIGHT_OVERHEAD * inflight + read_cache)
+  reading = plan.source.read_cache_bytes + storage.read_overhead_bytes(plan.source.location)
+  return int(baseline_bytes + WRITER_BYTES + INFLIGHT_OVERHEAD * inflight + reading)
 
 
 def stored_leaves(plan: Plan, lazies: list, block_shapes: list, max_inflight_bytes: int

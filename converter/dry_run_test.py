@@ -2,6 +2,7 @@
 read (a rotary cache the family skips, a stray tensor allowed as unused): the per-format counts must count only
 the tensors the leaves read, so that they add up to the total printed beside them."""
 
+import dataclasses
 import json
 import math
 import os
@@ -16,6 +17,7 @@ from converter.planning import lazy_leaves, plan
 from converter.model_config import load_model_config
 from converter.options import PlanOptions
 from converter.sources import open_source
+from converter.storage import hub
 from tools import quantize
 from tools.make_tiny_checkpoint import TINY_QWEN3_CONFIG, tiny_qwen3_tensors
 from tools.safetensors_writer import write_safetensors
@@ -114,6 +116,10 @@ class DryRunTest(parameterized.TestCase):
     self.assertEqual(predict(10 * total), int(baseline + overhead * total))  # At most everything.
     between = (largest + total) // 2
     self.assertEqual(predict(between), int(baseline + overhead * between))
+    # Read from the Hub: its connections' share besides (a source's own read cache is none here).
+    on_hub = dataclasses.replace(self.plan, source=dataclasses.replace(self.plan.source, location="hf://o/n@c"))
+    self.assertEqual(dry_run.predicted_peak_bytes(on_hub, 1000, between),
+                     int(baseline + overhead * between) + hub.READ_OVERHEAD_BYTES)
 
   def test_shares_are_listed_only_for_several_processes(self):
     total = self.plan.total_bytes

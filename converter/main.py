@@ -30,7 +30,7 @@ from absl import app, flags, logging
 
 from converter import library_logs
 from converter import malloc
-from converter.output import hub_repo
+from converter.storage.hub import is_hub
 from converter.layout.chunking import ChunkRule, parse_mesh
 from converter.options import PlanOptions, ReverseOptions, RunContext, SaveOptions
 from converter.planning.plan import Plan
@@ -252,7 +252,7 @@ def _dry_run_to_huggingface() -> None:
   way_back = to_huggingface.plan_way_back(_checkpoint_path(), options)
   print(dry_run.describe(way_back, options, baseline_bytes=psutil.Process().memory_info().rss))
   output_dir = _resolve(FLAGS.output_dir)
-  if not hub_repo.is_hub(output_dir) and storage.list_names(output_dir) and not FLAGS.overwrite:
+  if not is_hub(output_dir) and storage.list_names(output_dir) and not FLAGS.overwrite:
     print(f"warning: {output_dir} exists and is not empty; the conversion will refuse it without --overwrite")
 
 
@@ -362,14 +362,14 @@ def _refuse_misused_flags() -> None:
                            " --direction=to_maxtext only")
     if FLAGS.dry_run and FLAGS.verify:
       raise app.UsageError("--dry_run writes nothing for --verify to read")
-    if FLAGS.verify and (hub_repo.is_hub(FLAGS.output_dir) or FLAGS.export == "lora_adapter"):
+    if FLAGS.verify and (is_hub(FLAGS.output_dir) or FLAGS.export == "lora_adapter"):
       raise app.UsageError("--verify re-reads a model written to a disk or gs://: not a Hub push (hf://; verify a"
                            " local copy, then push it) nor --export=lora_adapter")
   elif FLAGS["export"].present:
     raise app.UsageError("--export applies to --direction=to_huggingface only")
   elif FLAGS["step"].present and not FLAGS.checkpoint_path:
     raise app.UsageError("--step selects a step of --checkpoint_path's run directory")
-  elif hub_repo.is_hub(FLAGS.output_dir) or FLAGS["hub_private"].present:
+  elif is_hub(FLAGS.output_dir) or FLAGS["hub_private"].present:
     raise app.UsageError("--output_dir=hf://... (and --hub_private) are the way back's (--direction=to_huggingface):"
                          " a MaxText checkpoint is written to a disk or gs://")
   elif not FLAGS.checkpoint_path and (FLAGS["lora_alpha"].present or FLAGS["lora_checkpoint_path"].present):
@@ -640,8 +640,7 @@ def _main(argv: list[str]) -> None:
 
   storage.configure_emulator()  # Before tensorstore or gcsfs read their settings.
   storage.set_request_retries(FLAGS.storage_retries)
-  storage.hub.configure(download_first=FLAGS.hub_download_first, connections=FLAGS.hub_connections,
-                        max_retries=FLAGS.storage_retries)
+  storage.hub.configure(download_first=FLAGS.hub_download_first, connections=FLAGS.hub_connections)
   if not FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)  # Orbax logs every step at INFO; -v=0 brings it back.
     logging.get_absl_handler().addFilter(library_logs.drop_library_tracebacks)

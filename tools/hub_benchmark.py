@@ -113,6 +113,7 @@ class Rounds:
   def __init__(self, hub: hub_stand_in.HubStandIn, input_dir: str, needed: int):
     self.hub, self.input_dir, self.needed = hub, input_dir, needed
     self.figures: dict[str, list[dict]] = {}
+    self.traces: dict[str, tuple[list, list]] = {}  # The runs from the Hub: RSS and local disk over time.
     self.env = child_env()
     self.env.update(HF_ENDPOINT=hub.url, HF_HUB_DISABLE_XET="1")
     self.env.pop("HF_HUB_OFFLINE", None)
@@ -137,9 +138,11 @@ class Rounds:
 
   def local(self) -> float:
     cache, tmp, out = self.fresh_dirs()
-    measured = measure("local conversion", [*CONVERTER, f"--hf_model_path={self.input_dir}", f"--output_dir={out}",
-                                            "--noprogress"], env=dict(self.env, HF_HUB_CACHE=cache, TMPDIR=tmp))
-    return self._keep("local", wall=measured.wall, cpu=measured.cpu, peak=measured.peak, disk=0, fetched=0)
+    with DiskSampler(cache, tmp) as disk:
+      measured = measure("local conversion", [*CONVERTER, f"--hf_model_path={self.input_dir}",
+                                              f"--output_dir={out}", "--noprogress"],
+                         env=dict(self.env, HF_HUB_CACHE=cache, TMPDIR=tmp))
+    return self._keep("local", wall=measured.wall, cpu=measured.cpu, peak=measured.peak, disk=disk.peak, fetched=0)
 
   def _from_hub(self, name: str, *flags_given: str) -> float:
     cache, tmp, out = self.fresh_dirs()
@@ -148,7 +151,6 @@ class Rounds:
     with DiskSampler(cache, tmp) as disk:
       measured = measure(name, [*CONVERTER, f"--hf_model_path={REPO}", f"--output_dir={out}", "--noprogress",
                                 *flags_given], env=dict(self.env, HF_HUB_CACHE=cache, TMPDIR=tmp), trace=rss)
-    self.traces = getattr(self, "traces", {})
     self.traces[name] = (rss, disk.trace)
     return self._keep(name, wall=measured.wall, cpu=measured.cpu, peak=measured.peak, disk=disk.peak,
                       fetched=self.hub.bytes_sent - sent, requests=len(self.hub.ranges) - requests)

@@ -6,8 +6,9 @@ from __future__ import annotations
 from converter import storage
 from converter.output.bucket import Bucket
 from converter.output.destination import Destination
-from converter.output.hub_repo import HubRepo, is_hub
+from converter.output.hub_repo import HubRepo
 from converter.output.local import LocalDisk
+from converter.storage.hub import is_hub
 
 
 def destination_for(path: str, *, hub_private: bool = False) -> Destination:

@@ -28,7 +28,6 @@ from absl import logging
 
 from converter.errors import ConversionError
 from converter.storage import hub, scratch
-from converter.storage.hub import is_hub  # pylint: disable=unused-import  (the output's test of a path)
 
 _URL = re.compile(r"hf://([A-Za-z0-9][\w.-]*/[\w.-]+)(?:@([^/\s]+))?/?")
 # What makes a repo's files a checkpoint, replaced as a whole by --overwrite.

@@ -18,7 +18,6 @@ from typing import Mapping, Protocol, Sequence, runtime_checkable
 import ml_dtypes
 import numpy as np
 
-from converter import storage
 from converter.arrays import Shape
 from converter.checkpoint_format.record import SourceFacts
 
@@ -105,9 +104,7 @@ class QuantizedSource:
   tensors: Mapping[str, SourceTensor]
   files: tuple[str, ...]
   quant_method: str
-  @property
-  def read_cache_bytes(self) -> int:
-    return storage.read_overhead_bytes(self.location)
+  read_cache_bytes = 0
 
   @property
   def facts(self) -> SourceFacts:

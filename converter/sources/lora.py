@@ -302,9 +302,7 @@ class LoraMergedSource:
   quant_method: str | None
   adapter: LoraAdapter
   merged: Mapping[str, str]
-  @property
-  def read_cache_bytes(self) -> int:
-    return storage.read_overhead_bytes(self.location)
+  read_cache_bytes = 0
 
   @property
   def facts(self) -> SourceFacts:

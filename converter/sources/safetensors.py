@@ -192,9 +192,7 @@ class SafetensorsSource:
 
   quant_method = None
   facts = SourceFacts()
-  @property
-  def read_cache_bytes(self) -> int:
-    return storage.read_overhead_bytes(self.location)
+  read_cache_bytes = 0
 
   @property
   def files(self) -> list[str]:

@@ -111,9 +111,10 @@ _retries = {"max_retries": 10, "initial_delay": "1s", "max_delay": "32s"}
 
 
 def set_request_retries(max_retries: int) -> None:
-  """How often one request to a bucket is retried (backing off from 1 s, doubling, up to 32 s) before the
-  conversion fails: 10 rides out about three minutes of outage."""
+  """How often one request to a bucket or the Hub is retried (backing off from 1 s, doubling, up to 32 s) before
+  the conversion fails: 10 rides out about three minutes of outage."""
   _retries["max_retries"] = max_retries
+  hub.configure(max_retries=max_retries)
 
 
 def tensorstore_resources() -> dict[str, Any]:

@@ -49,7 +49,7 @@ class Settings:
   download_first: bool = False  # Every file fetched whole into the HF cache before it is read.
   connections: int = 16  # Requests in flight at once, over every read.
   part_bytes: int = 8 << 20  # A read larger than this is fetched in parts of this size, in parallel.
-  max_retries: int = 10
+  max_retries: int = 10  # The buckets' policy: storage.set_request_retries sets both.
   initial_delay_s: float = 1.0
   max_delay_s: float = 32.0
 
@@ -190,7 +190,7 @@ def resolve_commit(repo_id: str, revision: str, first_file: str) -> str:
   reads first: config.json, adapter_config.json): the local cache's when it holds that file at that revision (no
   request at all), else the Hub's answer. Raises, naming the repo and revision, when neither knows it."""
   hub = _huggingface_hub()
-  where = f"{repo_id} (revision {revision})"
+  where = HubPath(repo_id, revision, "").where
   cached = hub.try_to_load_from_cache(repo_id, first_file, revision=revision)
   if isinstance(cached, str):
     return _snapshot_commit(cached)
@@ -219,9 +219,10 @@ def looks_like_repo_id(value: str, local_path: str) -> bool:
 def repo_directory(value: str, revision: str, first_file: str) -> str:
   """`hf://ORG/NAME@COMMIT` of a repo id (or `hf://ORG/NAME[@REVISION]`; its own revision wins over `revision`):
   the directory every file of the conversion is read from, pinned to one commit."""
-  repo_id, revision = (value, revision) if not is_hub(value) else (parse(value).repo_id,
-                                                                   parse(value).revision or revision)
-  return path_of(repo_id, resolve_commit(repo_id, revision, first_file))
+  if is_hub(value):
+    named = parse(value)
+    value, revision = named.repo_id, named.revision or revision
+  return path_of(value, resolve_commit(value, revision, first_file))
 
 
 def _snapshot_commit(cached_file: str) -> str:
@@ -233,11 +234,13 @@ def _snapshot_commit(cached_file: str) -> str:
 # One file ---------------------------------------------------------------------------------------------------------
 
 
-class _Missing:
-  """The repo has no such file at that commit."""
+_MISSING = object()  # The repo has no such file at that commit.
 
 
-_MISSING = _Missing()
+def _read_by_ranges(filename: str) -> bool:
+  """Whether a file not in the cache is read by ranges (weights, online, not --hub_download_first) rather than
+  fetched whole or, offline, not at all."""
+  return bool(_WEIGHTS.fullmatch(filename)) and not _settings.download_first and not _offline()
 
 
 @functools.cache
@@ -250,13 +253,14 @@ def local_copy(path: str) -> str | None:
   cached = hub.try_to_load_from_cache(file.repo_id, file.filename, revision=file.revision)
   if isinstance(cached, str):
     return cached
-  no_such_file = cached is hub._CACHED_NO_EXIST  # pylint: disable=protected-access  (the cache's own record)
-  if no_such_file or (_offline() and not _WEIGHTS.fullmatch(file.filename)):
+  if cached is hub._CACHED_NO_EXIST:  # pylint: disable=protected-access  (the cache's own record of no such file)
     return None
   if _offline():
-    raise ConversionError(f"{path}: not in the local HF cache ({hub.constants.HF_HUB_CACHE}) and HF_HUB_OFFLINE is"
-                          " set")
-  if _WEIGHTS.fullmatch(file.filename) and not _settings.download_first:
+    if _WEIGHTS.fullmatch(file.filename):
+      raise ConversionError(f"{path}: not in the local HF cache ({hub.constants.HF_HUB_CACHE}) and HF_HUB_OFFLINE"
+                            " is set")
+    return None
+  if _read_by_ranges(file.filename):
     return None
   try:
     return hub.hf_hub_download(file.repo_id, file.filename, revision=file.revision)
@@ -305,16 +309,14 @@ def exists(path: str) -> bool:
     return True
   if local_copy(path) is not None:
     return True
-  if _offline() or not _WEIGHTS.fullmatch(file.filename) or _settings.download_first:
-    return False  # Not cached offline, or fetched whole and not found.
-  return _metadata(path) is not _MISSING
+  return _read_by_ranges(file.filename) and _metadata(path) is not _MISSING
 
 
 def size(path: str) -> int:
   local = local_copy(path)
   if local is not None:
     return os.path.getsize(local)
-  metadata = _metadata(path) if not _offline() else _MISSING
+  metadata = _metadata(path) if _read_by_ranges(parse(path).filename) else _MISSING
   if metadata is _MISSING:
     raise FileNotFoundError(f"{parse(path).where}: the repo has no {parse(path).filename}")
   return metadata.size
